@@ -1,0 +1,69 @@
+//! Which address to offer a client (RFC 2131 §4.3.1, with reservations and alias groups first).
+
+use std::net::Ipv4Addr;
+
+use super::Allocator;
+use crate::config::{AliasBusyPolicy, SubnetId};
+use crate::lease::{ClientKey, LeaseState, UnixSecs};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// Offer `addr`. `fresh` is true when the client has never held it (worth a ping first);
+    /// `take_over` when another alias member's binding is being abandoned.
+    Offer { addr: Ipv4Addr, fresh: bool, take_over: bool },
+    /// Another member of the client's alias group holds the group's address.
+    HeldOff { group: String, holder: ClientKey },
+    /// The client's reserved address is quarantined (declined or answered a ping).
+    ReservedUnavailable { addr: Ipv4Addr },
+    /// No free address in the subnet.
+    Exhausted,
+}
+
+impl Allocator {
+    /// Chooses the address to offer, in this order: the client's reservation; its current
+    /// binding; its previous binding; the address it asked for, if free and not held back for
+    /// another client; the head of the free queue (the address available longest).
+    pub fn choose(&self, subnet: SubnetId, client: &ClientKey, hw: &[u8], client_id: Option<&[u8]>, requested: Option<Ipv4Addr>, now: UnixSecs) -> Choice {
+        if let Some(r) = self.reservation_for(hw, client_id).filter(|r| self.reservations[*r].subnet == subnet) {
+            return self.choose_reserved(r, client, now);
+        }
+        let dynamic_here = |a: &Ipv4Addr| self.slots.get(a).is_some_and(|s| s.subnet == subnet && s.reserved.is_none());
+
+        if let Some(addr) = self.by_client.get(&(subnet, client.clone())).copied().filter(dynamic_here) {
+            let b = &self.slots[&addr].b;
+            if b.is_owned_by(client) && b.state != LeaseState::Declined {
+                // Current binding (busy) or previous binding (free, still marked as its own).
+                return Choice::Offer { addr, fresh: false, take_over: false };
+            }
+        }
+        if let Some(addr) = requested.filter(dynamic_here) {
+            let b = &self.slots[&addr].b;
+            let held_for_other = b.owner.as_ref().is_some_and(|o| o != client) && b.expires > now;
+            if b.state == LeaseState::Free && !held_for_other {
+                return Choice::Offer { addr, fresh: !b.is_owned_by(client), take_over: false };
+            }
+        }
+        // The queue head, skipping (a bounded number of) entries that are not really free: an
+        // address should never be both queued and busy, and the reaper repairs it if it is.
+        let head = self.free[subnet].iter().take(64).map(|(_, a)| *a).find(|a| self.slots[a].b.state == LeaseState::Free);
+        match head {
+            Some(addr) => Choice::Offer { addr, fresh: true, take_over: false },
+            None => Choice::Exhausted,
+        }
+    }
+
+    fn choose_reserved(&self, r: usize, client: &ClientKey, now: UnixSecs) -> Choice {
+        let res = &self.reservations[r];
+        let b = &self.slots[&res.ip].b;
+        if !b.is_live(now) || b.is_owned_by(client) && b.state != LeaseState::Declined {
+            return Choice::Offer { addr: res.ip, fresh: !b.is_owned_by(client), take_over: false };
+        }
+        match (&b.owner, b.state) {
+            (_, LeaseState::Declined) | (None, _) => Choice::ReservedUnavailable { addr: res.ip },
+            (Some(holder), _) => match res.policy {
+                AliasBusyPolicy::HoldOff => Choice::HeldOff { group: res.name.clone(), holder: holder.clone() },
+                AliasBusyPolicy::TakeOver => Choice::Offer { addr: res.ip, fresh: false, take_over: true },
+            },
+        }
+    }
+}

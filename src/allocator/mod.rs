@@ -1,0 +1,434 @@
+//! The address allocator: seed 004's host reservation service, done right.
+//!
+//! Seed 004 keeps hosts in a queue ordered by next-fetch time, marks a taken host busy with a
+//! timeout, groups hosts under aliases that may hold one reservation at a time, and frees
+//! timed-out entries in a background reaper. Here a "host" is an address:
+//!
+//! * free addresses form a queue per subnet ordered by next-available time; a released or
+//!   expired address re-enters at `now + affinity_hold`, so the address free longest goes first
+//!   and a returning client finds its old address untouched;
+//! * busy entries (probing, offered, leased, declined) carry an owner and a version, and every
+//!   change is a compare-and-swap on both ([`Transition`]), so a late or foreign release can
+//!   never clear someone else's binding (the seed's release had no owner check);
+//! * an alias group is a reservation with several members; one member at a time holds its
+//!   address, a second one is held off (or takes over, by policy);
+//! * the reaper frees every busy entry whose expiry has *passed* (the seed's predicate was
+//!   inverted), walking all of them in bounded batches.
+//!
+//! The allocator is pure: time comes in as an argument, and the transitions it returns are what
+//! the lease store must make durable. It is the in-memory mirror of the store; if a commit
+//! fails the driver rebuilds it from the store.
+
+mod choose;
+mod reaper;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+pub use choose::Choice;
+
+use crate::config::{AliasBusyPolicy, Config, SubnetId};
+use crate::lease::{Binding, ClientKey, LeaseState, Transition, UnixSecs};
+
+/// Timing rules from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub offer_hold_secs: u64,
+    pub decline_probation_secs: u64,
+    pub affinity_hold_secs: u64,
+    /// How long a probe may take before the reaper gives the address back.
+    pub probe_hold_secs: u64,
+}
+
+impl Policy {
+    pub fn from_config(c: &Config) -> Policy {
+        Policy {
+            offer_hold_secs: c.dhcp.offer_hold_secs,
+            decline_probation_secs: c.dhcp.decline_probation_secs,
+            affinity_hold_secs: c.dhcp.affinity_hold_secs,
+            probe_hold_secs: c.dhcp.ping_timeout_ms.div_ceil(1000) + 1,
+        }
+    }
+}
+
+/// A reservation as the allocator sees it.
+#[derive(Debug, Clone)]
+struct Reserved {
+    name: String,
+    ip: Ipv4Addr,
+    subnet: SubnetId,
+    policy: AliasBusyPolicy,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    b: Binding,
+    subnet: SubnetId,
+    /// Index into `reservations` if this address is reserved (never in the dynamic queue).
+    reserved: Option<usize>,
+}
+
+/// Why a transition could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    #[error("{0} is not an address this server manages")]
+    Unknown(Ipv4Addr),
+    #[error("{addr} changed underneath (expected version {expected}, found {found})")]
+    VersionMismatch { addr: Ipv4Addr, expected: u64, found: u64 },
+    #[error("{addr} is owned by someone else")]
+    OwnerMismatch { addr: Ipv4Addr },
+}
+
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    policy: Policy,
+    slots: HashMap<Ipv4Addr, Slot>,
+    /// Per subnet: free dynamic addresses by (next-available, address).
+    free: Vec<BTreeSet<(UnixSecs, Ipv4Addr)>>,
+    /// Every busy address by (expiry, address), for the reaper.
+    busy: BTreeSet<(UnixSecs, Ipv4Addr)>,
+    /// The client's latest address in a subnet (current or previous binding); validated against
+    /// the slot's owner on use, so a stale entry is harmless.
+    by_client: HashMap<(SubnetId, ClientKey), Ipv4Addr>,
+    reservations: Vec<Reserved>,
+    by_mac: HashMap<[u8; 6], usize>,
+    by_client_id: HashMap<Box<[u8]>, usize>,
+    /// Election term stamped on every change.
+    term: u64,
+    /// Where the queue consistency check resumes (see `reaper.rs`).
+    repair_cursor: Vec<Option<(UnixSecs, Ipv4Addr)>>,
+}
+
+impl Allocator {
+    /// An allocator for `config` with every address free; overlay the store with [`Self::load`].
+    pub fn new(config: &Config) -> Allocator {
+        let mut a = Allocator {
+            policy: Policy::from_config(config),
+            slots: HashMap::new(),
+            free: vec![BTreeSet::new(); config.subnets.len()],
+            busy: BTreeSet::new(),
+            by_client: HashMap::new(),
+            reservations: Vec::new(),
+            by_mac: HashMap::new(),
+            by_client_id: HashMap::new(),
+            term: 0,
+            repair_cursor: vec![None; config.subnets.len()],
+        };
+        for (i, r) in config.reservations.iter().enumerate() {
+            a.reservations.push(Reserved { name: r.name.clone(), ip: r.ip, subnet: r.subnet, policy: r.on_alias_busy });
+            for mac in &r.hw {
+                a.by_mac.insert(*mac, i);
+            }
+            for id in &r.client_ids {
+                a.by_client_id.insert(id.clone().into(), i);
+            }
+            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i) });
+        }
+        for (sid, s) in config.subnets.iter().enumerate() {
+            for addr in s.dynamic_addresses() {
+                if a.slots.contains_key(&addr) {
+                    continue; // reserved: never handed out dynamically
+                }
+                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None });
+                a.free[sid].insert((0, addr));
+            }
+        }
+        a
+    }
+
+    /// Overlays stored bindings. Returns the ones for addresses no longer configured (kept in
+    /// the store untouched, not served).
+    pub fn load(&mut self, stored: impl IntoIterator<Item = Binding>) -> Vec<Binding> {
+        let mut orphans = Vec::new();
+        for b in stored {
+            match self.slots.get(&b.addr) {
+                Some(_) => self.install(b),
+                None => orphans.push(b),
+            }
+        }
+        orphans
+    }
+
+    pub fn set_term(&mut self, term: u64) {
+        self.term = term;
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn binding(&self, addr: Ipv4Addr) -> Option<&Binding> {
+        self.slots.get(&addr).map(|s| &s.b)
+    }
+
+    pub fn subnet_of(&self, addr: Ipv4Addr) -> Option<SubnetId> {
+        self.slots.get(&addr).map(|s| s.subnet)
+    }
+
+    /// Name of the reservation `addr` belongs to, if any.
+    pub fn reservation_of(&self, addr: Ipv4Addr) -> Option<&str> {
+        self.slots.get(&addr)?.reserved.map(|i| self.reservations[i].name.as_str())
+    }
+
+    /// The reservation this client belongs to (by client id, then hardware address).
+    fn reservation_for(&self, hw: &[u8], client_id: Option<&[u8]>) -> Option<usize> {
+        if let Some(i) = client_id.and_then(|id| self.by_client_id.get(id)) {
+            return Some(*i);
+        }
+        let mac: [u8; 6] = hw.try_into().ok()?;
+        self.by_mac.get(&mac).copied()
+    }
+
+    /// Is `addr` reserved for a group this client is not in?
+    fn reserved_for_other(&self, addr: Ipv4Addr, hw: &[u8], client_id: Option<&[u8]>) -> bool {
+        match self.slots.get(&addr).and_then(|s| s.reserved) {
+            Some(r) => self.reservation_for(hw, client_id) != Some(r),
+            None => false,
+        }
+    }
+
+    /// The client's busy binding in `subnet`, if it has one.
+    pub fn current(&self, subnet: SubnetId, client: &ClientKey) -> Option<&Binding> {
+        let addr = self.by_client.get(&(subnet, client.clone()))?;
+        let b = &self.slots.get(addr)?.b;
+        (b.state.is_busy() && b.is_owned_by(client)).then_some(b)
+    }
+
+    /// Number of busy addresses by state, for status displays.
+    pub fn counts(&self) -> HashMap<LeaseState, usize> {
+        let mut m = HashMap::new();
+        for s in self.slots.values() {
+            *m.entry(s.b.state).or_insert(0) += 1;
+        }
+        m
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn bindings(&self) -> impl Iterator<Item = &Binding> {
+        self.slots.values().map(|s| &s.b)
+    }
+
+    // ---- compare-and-swap core -------------------------------------------------------------
+
+    /// Applies a transition if the slot still has the expected (owner, version).
+    pub fn apply(&mut self, t: &Transition) -> Result<(), AllocError> {
+        let addr = t.new.addr;
+        let slot = self.slots.get(&addr).ok_or(AllocError::Unknown(addr))?;
+        if slot.b.version != t.expect_version {
+            return Err(AllocError::VersionMismatch { addr, expected: t.expect_version, found: slot.b.version });
+        }
+        if slot.b.owner != t.expect_owner {
+            return Err(AllocError::OwnerMismatch { addr });
+        }
+        self.install(t.new.clone());
+        Ok(())
+    }
+
+    /// Replaces a slot's binding and keeps every index in step with it.
+    fn install(&mut self, new: Binding) {
+        let addr = new.addr;
+        let Some(slot) = self.slots.get_mut(&addr) else { return };
+        let old = std::mem::replace(&mut slot.b, new);
+        let (subnet, dynamic) = (slot.subnet, slot.reserved.is_none());
+        let new = &slot.b;
+        if old.state.is_busy() {
+            self.busy.remove(&(old.expires, addr));
+        } else if dynamic {
+            self.free[subnet].remove(&(old.expires, addr));
+        }
+        if new.state.is_busy() {
+            self.busy.insert((new.expires, addr));
+        } else if dynamic {
+            self.free[subnet].insert((new.expires, addr));
+        }
+        if let Some(o) = &old.owner
+            && new.owner.as_ref() != Some(o)
+        {
+            let key = (subnet, o.clone());
+            if self.by_client.get(&key) == Some(&addr) {
+                self.by_client.remove(&key);
+            }
+        }
+        if let Some(n) = &new.owner {
+            self.by_client.insert((subnet, n.clone()), addr);
+        }
+    }
+
+    /// Builds and applies the change of `addr` to `state`/`owner`/`expires`.
+    fn change(&mut self, addr: Ipv4Addr, edit: impl FnOnce(&mut Binding)) -> Transition {
+        let old = &self.slots[&addr].b;
+        let mut new = old.clone();
+        edit(&mut new);
+        new.version = old.version + 1;
+        new.term = self.term;
+        let t = Transition { expect_version: old.version, expect_owner: old.owner.clone(), new };
+        self.install(t.new.clone());
+        t
+    }
+
+    /// Frees the client's other busy address in the subnet so it never holds two. Every busy
+    /// binding is indexed in `by_client` when made, so the index finds it without a scan.
+    fn release_others(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs, out: &mut Vec<Transition>) {
+        let subnet = self.slots[&addr].subnet;
+        let Some(other) = self.current(subnet, client).map(|b| b.addr).filter(|a| *a != addr) else { return };
+        let hold = self.policy.affinity_hold_secs;
+        out.push(self.change(other, |b| {
+            b.state = LeaseState::Free;
+            b.expires = now + hold;
+        }));
+    }
+
+    // ---- operations the DHCP decisions use -------------------------------------------------
+
+    /// Marks `addr` as being probed (ICMP echo in flight) for `client`.
+    pub fn probe(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
+        let mut out = Vec::new();
+        self.release_others(addr, client, now, &mut out);
+        let hold = self.policy.probe_hold_secs;
+        out.push(self.change(addr, |b| {
+            b.state = LeaseState::Probing;
+            b.owner = Some(client.clone());
+            b.expires = now + hold;
+            b.cltt = now;
+            b.hw = hw.to_vec();
+        }));
+        out
+    }
+
+    /// Holds `addr` for `client` for the offer time. An address already leased to the client
+    /// stays leased (offering it again must not shorten the lease).
+    pub fn offer(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
+        let mut out = Vec::new();
+        let b = &self.slots[&addr].b;
+        if b.state == LeaseState::Leased && b.is_owned_by(client) && b.expires > now {
+            return out;
+        }
+        self.release_others(addr, client, now, &mut out);
+        let hold = self.policy.offer_hold_secs;
+        out.push(self.change(addr, |b| {
+            b.state = LeaseState::Offered;
+            b.owner = Some(client.clone());
+            b.expires = now + hold;
+            b.cltt = now;
+            b.hw = hw.to_vec();
+        }));
+        out
+    }
+
+    /// Whether `client` may be given `addr` now (REQUEST): it holds it, or it is free and not
+    /// reserved for someone else. `Err` names who holds it.
+    pub fn may_lease(&self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], client_id: Option<&[u8]>, now: UnixSecs) -> Result<(), LeaseRefusal> {
+        let Some(slot) = self.slots.get(&addr) else { return Err(LeaseRefusal::NotOurs) };
+        if self.reserved_for_other(addr, hw, client_id) {
+            return Err(LeaseRefusal::ReservedForOther);
+        }
+        let b = &slot.b;
+        if b.is_owned_by(client) && b.state != LeaseState::Declined {
+            return Ok(());
+        }
+        if b.is_live(now) {
+            return Err(if b.state == LeaseState::Declined { LeaseRefusal::Quarantined } else { LeaseRefusal::HeldByOther });
+        }
+        // Free (or expired and not yet reaped): the client may have it. Affinity only steers
+        // what we offer, not what a client that already uses an address may keep.
+        Ok(())
+    }
+
+    /// Leases `addr` to `client` until `now + lease_secs`. Call [`Self::may_lease`] first.
+    pub fn lease(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], hostname: Option<&str>, lease_secs: u32, now: UnixSecs) -> Vec<Transition> {
+        let mut out = Vec::new();
+        self.release_others(addr, client, now, &mut out);
+        out.push(self.change(addr, |b| {
+            b.state = LeaseState::Leased;
+            b.owner = Some(client.clone());
+            b.expires = now + u64::from(lease_secs);
+            b.cltt = now;
+            b.hw = hw.to_vec();
+            if let Some(h) = hostname {
+                b.hostname = Some(h.to_string());
+            }
+        }));
+        out
+    }
+
+    /// DHCPRELEASE: frees `addr` only if `client` holds it.
+    pub fn release(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs) -> Option<Transition> {
+        let b = &self.slots.get(&addr)?.b;
+        if !(b.is_owned_by(client) && matches!(b.state, LeaseState::Leased | LeaseState::Offered)) {
+            return None;
+        }
+        let hold = self.policy.affinity_hold_secs;
+        Some(self.change(addr, |b| {
+            b.state = LeaseState::Free;
+            b.expires = now + hold;
+            b.cltt = now;
+        }))
+    }
+
+    /// A client that chose another server's offer: give back what we offered it.
+    pub fn withdraw_offer(&mut self, subnet: SubnetId, client: &ClientKey, now: UnixSecs) -> Option<Transition> {
+        let b = self.current(subnet, client)?;
+        if b.state != LeaseState::Offered {
+            return None;
+        }
+        let addr = b.addr;
+        Some(self.change(addr, |b| {
+            b.state = LeaseState::Free;
+            b.expires = now;
+        }))
+    }
+
+    /// DHCPDECLINE from the holder, or a probe that got an answer: quarantine the address.
+    pub fn quarantine(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs) -> Option<Transition> {
+        let b = &self.slots.get(&addr)?.b;
+        if !(b.is_owned_by(client) && matches!(b.state, LeaseState::Leased | LeaseState::Offered | LeaseState::Probing)) {
+            return None;
+        }
+        let probation = self.policy.decline_probation_secs;
+        Some(self.change(addr, |b| {
+            b.state = LeaseState::Declined;
+            b.owner = None;
+            b.expires = now + probation;
+            b.cltt = now;
+            b.hostname = None;
+        }))
+    }
+
+    /// Alias take-over: abandon the current holder's binding of a reserved address.
+    pub fn take_over(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
+        self.offer(addr, client, hw, now)
+    }
+}
+
+/// Why a REQUEST cannot be granted (the DHCP layer answers with DHCPNAK).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseRefusal {
+    NotOurs,
+    ReservedForOther,
+    HeldByOther,
+    Quarantined,
+}
+
+impl LeaseRefusal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            LeaseRefusal::NotOurs => "address not in any pool",
+            LeaseRefusal::ReservedForOther => "address reserved for another host",
+            LeaseRefusal::HeldByOther => "address leased to another client",
+            LeaseRefusal::Quarantined => "address declined and in probation",
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! twinlease: a DHCPv4 server for a pair of branch-office boxes.
+//!
+//! Where each design seed lives:
+//! * `allocator` — seed 004, the queue/busy/alias/compare-and-swap address allocator;
+//! * `store` — the durable SQLite lease store (one writer thread, group commit);
+//! * `dhcp` — RFC 2131 decisions: message + context + now → reply + store operations (no I/O);
+//! * `server` — the tokio driver: sockets, ping checks, reaper, readiness.
+
+pub mod allocator;
+pub mod config;
+pub mod lease;
