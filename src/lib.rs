@@ -9,3 +9,4 @@
 pub mod allocator;
 pub mod config;
 pub mod lease;
+pub mod store;

@@ -1,0 +1,247 @@
+//! The durable lease store (SQLite via rusqlite).
+//!
+//! WAL journal with `synchronous=FULL`: a commit is on disk when it returns, so a DHCPACK sent
+//! after it survives a crash or power cut. Every write is a compare-and-swap on the row's
+//! (version, owner), checked inside the same transaction as the write; a batch whose any CAS
+//! fails is rolled back whole. Only the writer thread (`writer.rs`) writes; readers (the
+//! `leases` command, status displays) open their own read-only connections.
+
+mod schema;
+#[cfg(test)]
+mod tests;
+pub mod writer;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+
+use crate::lease::{Binding, ClientKey, LeaseState, Transition};
+
+pub use writer::{StoreWriter, WriterEvent};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("lease store {path}: cannot open: {source}")]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("lease store {path}: cannot create the state directory: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error("lease store {path}: written by a newer twinlease (schema {found}, this build knows {known}); upgrade twinlease or restore an older database")]
+    TooNew { path: PathBuf, found: i64, known: i64 },
+    #[error("lease store: the disk is full; leases cannot be made durable, so no DHCPACK is sent until space is freed")]
+    DiskFull,
+    #[error("lease store: the database or its directory is read-only; no DHCPACK is sent until it is writable")]
+    ReadOnly,
+    #[error("lease store: the database file is corrupt ({0}); restart twinlease to quarantine it and start a fresh one")]
+    Corrupt(String),
+    #[error("lease store: {addr} was changed underneath (expected version {expected}); the batch was rolled back")]
+    Conflict { addr: Ipv4Addr, expected: u64 },
+    #[error("lease store: malformed row for {addr}")]
+    BadRow { addr: Ipv4Addr },
+    #[error("lease store: {0}")]
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DiskFull) => StoreError::DiskFull,
+            Some(ErrorCode::ReadOnly) => StoreError::ReadOnly,
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::Corrupt(e.to_string()),
+            _ => StoreError::Sql(e),
+        }
+    }
+}
+
+/// What happened while opening: a corrupt database is moved aside, not fatal.
+#[derive(Debug, Default)]
+pub struct OpenReport {
+    pub quarantined: Option<PathBuf>,
+}
+
+/// A binding as stored, with its sync status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBinding {
+    pub binding: Binding,
+    pub peer_synced_version: u64,
+}
+
+impl StoredBinding {
+    pub fn synced(&self) -> bool {
+        self.peer_synced_version == self.binding.version
+    }
+}
+
+pub struct LeaseStore {
+    conn: Connection,
+}
+
+const COLUMNS: &str = "addr, state, owner, expires, cltt, version, term, hw, hostname, peer_synced_version";
+
+impl LeaseStore {
+    /// Opens (creating if needed) the database at `path`. A file that is not a sound SQLite
+    /// database is renamed to `<name>.corrupt-<unix time>` and a fresh one is created.
+    pub fn open(path: &Path, now_unix: u64) -> Result<(LeaseStore, OpenReport), StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::StateDir { path: dir.to_path_buf(), source })?;
+        }
+        let mut report = OpenReport::default();
+        let store = match Self::open_checked(path) {
+            Ok(s) => s,
+            Err(StoreError::Corrupt(_)) => {
+                let moved = PathBuf::from(format!("{}.corrupt-{now_unix}", path.display()));
+                for suffix in ["", "-wal", "-shm"] {
+                    let from = PathBuf::from(format!("{}{suffix}", path.display()));
+                    if from.exists() {
+                        let to = PathBuf::from(format!("{}{suffix}", moved.display()));
+                        std::fs::rename(&from, &to).map_err(|source| StoreError::StateDir { path: from.clone(), source })?;
+                    }
+                }
+                report.quarantined = Some(moved);
+                Self::open_checked(path)?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((store, report))
+    }
+
+    fn open_checked(path: &Path) -> Result<LeaseStore, StoreError> {
+        let conn = Connection::open(path).map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        let mut store = Self::setup(conn, path)?;
+        let check: String = store.conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
+        if check != "ok" {
+            return Err(StoreError::Corrupt(check));
+        }
+        store.migrate(path)?;
+        Ok(store)
+    }
+
+    /// A private in-memory store (tests, and the store battery).
+    pub fn open_in_memory() -> Result<LeaseStore, StoreError> {
+        let conn = Connection::open_in_memory()?;
+        let mut s = Self::setup(conn, Path::new(":memory:"))?;
+        s.migrate(Path::new(":memory:"))?;
+        Ok(s)
+    }
+
+    /// A read-only view for the `leases` command while the daemon writes.
+    pub fn open_read_only(path: &Path) -> Result<LeaseStore, StoreError> {
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        conn.busy_timeout(Duration::from_secs(2))?;
+        Ok(LeaseStore { conn })
+    }
+
+    fn setup(conn: Connection, path: &Path) -> Result<LeaseStore, StoreError> {
+        // Any of these failing on a file that is not a database reports NotADatabase.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let _ = path;
+        Ok(LeaseStore { conn })
+    }
+
+    fn migrate(&mut self, path: &Path) -> Result<(), StoreError> {
+        match schema::migrate(&mut self.conn)? {
+            Ok(()) => Ok(()),
+            Err(found) => Err(StoreError::TooNew { path: path.to_path_buf(), found, known: schema::CURRENT }),
+        }
+    }
+
+    /// Every stored binding.
+    pub fn load_all(&self) -> Result<Vec<StoredBinding>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease ORDER BY addr"))?;
+        let rows = stmt.query_map([], row_to_binding)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r??);
+        }
+        Ok(out)
+    }
+
+    pub fn get(&self, addr: Ipv4Addr) -> Result<Option<StoredBinding>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease WHERE addr = ?1"))?;
+        Ok(stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()?)
+    }
+
+    /// Bindings the peer has not confirmed (version differs from the synced one), in address
+    /// order after `after`, at most `limit` (the sync layer pages through them).
+    pub fn unsynced(&self, after: Option<Ipv4Addr>, limit: usize) -> Result<Vec<StoredBinding>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease WHERE peer_synced_version != version AND addr > ?1 ORDER BY addr LIMIT ?2"))?;
+        let after = after.map_or(-1, |a| i64::from(u32::from(a)));
+        let rows = stmt.query_map(params![after, limit as i64], row_to_binding)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r??);
+        }
+        Ok(out)
+    }
+
+    /// Applies a batch of transitions in one transaction, all or nothing.
+    pub fn commit(&mut self, batch: &[&Transition]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(addr) DO NOTHING",
+            )?;
+            let mut update = tx.prepare_cached(
+                "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9 WHERE addr = ?1 AND version = ?10 AND owner IS ?11",
+            )?;
+            for t in batch {
+                let b = &t.new;
+                let owner = b.owner.as_ref().map(ClientKey::as_bytes);
+                let base = params![u32::from(b.addr), b.state.code(), owner, b.expires as i64, b.cltt as i64, b.version as i64, b.term as i64, &b.hw, &b.hostname];
+                let changed = if t.expect_version == 0 {
+                    insert.execute(base)?
+                } else {
+                    let expect_owner = t.expect_owner.as_ref().map(ClientKey::as_bytes);
+                    let mut p: Vec<&dyn rusqlite::ToSql> = base.to_vec();
+                    let ev = t.expect_version as i64;
+                    p.push(&ev);
+                    p.push(&expect_owner);
+                    update.execute(p.as_slice())?
+                };
+                if changed != 1 {
+                    return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records that the peer holds `addr` at `version` — only if the row is still at that
+    /// version (a renew in between must stay unsynced). Returns whether it applied.
+    pub fn mark_synced(&mut self, addr: Ipv4Addr, version: u64) -> Result<bool, StoreError> {
+        let n = self.conn.execute("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2", params![u32::from(addr), version as i64])?;
+        Ok(n == 1)
+    }
+}
+
+fn row_to_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<StoredBinding, StoreError>> {
+    let addr = Ipv4Addr::from(r.get::<_, u32>(0)?);
+    let state = LeaseState::from_code(r.get(1)?);
+    let owner: Option<Vec<u8>> = r.get(2)?;
+    let owner = match owner {
+        None => Some(None),
+        Some(b) => ClientKey::from_bytes(&b).map(Some),
+    };
+    let (Some(state), Some(owner)) = (state, owner) else {
+        return Ok(Err(StoreError::BadRow { addr }));
+    };
+    Ok(Ok(StoredBinding {
+        binding: Binding {
+            addr,
+            state,
+            owner,
+            expires: r.get::<_, i64>(3)? as u64,
+            cltt: r.get::<_, i64>(4)? as u64,
+            version: r.get::<_, i64>(5)? as u64,
+            term: r.get::<_, i64>(6)? as u64,
+            hw: r.get(7)?,
+            hostname: r.get(8)?,
+        },
+        peer_synced_version: r.get::<_, i64>(9)? as u64,
+    }))
+}

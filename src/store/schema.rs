@@ -1,0 +1,42 @@
+//! Numbered schema migrations, applied in order inside one transaction; `PRAGMA user_version`
+//! records how far a database has come. Append new steps, never edit old ones.
+
+use rusqlite::Connection;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: one row per address that has ever changed; never-touched pool addresses have no row.
+    "CREATE TABLE lease (
+        addr INTEGER PRIMARY KEY,
+        state INTEGER NOT NULL,
+        owner BLOB,
+        expires INTEGER NOT NULL,
+        cltt INTEGER NOT NULL,
+        version INTEGER NOT NULL,
+        term INTEGER NOT NULL,
+        hw BLOB NOT NULL,
+        hostname TEXT,
+        peer_synced_version INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX lease_unsynced ON lease(addr) WHERE peer_synced_version != version;",
+];
+
+/// The schema version this build writes.
+pub const CURRENT: i64 = MIGRATIONS.len() as i64;
+
+/// Brings `conn` up to [`CURRENT`]. Refuses a database from a newer build rather than guess.
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<(), i64>> {
+    let have: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if have > CURRENT {
+        return Ok(Err(have));
+    }
+    if have == CURRENT {
+        return Ok(Ok(()));
+    }
+    let tx = conn.transaction()?;
+    for step in &MIGRATIONS[have as usize..] {
+        tx.execute_batch(step)?;
+    }
+    tx.pragma_update(None, "user_version", CURRENT)?;
+    tx.commit()?;
+    Ok(Ok(()))
+}

@@ -1,0 +1,162 @@
+//! One battery of store tests, run against an in-memory and an on-disk database.
+
+use std::net::Ipv4Addr;
+
+use super::*;
+use crate::lease::{Binding, ClientKey, LeaseState, Transition};
+
+fn leased(addr: u8, client: u8, version: u64, expect: Option<u8>) -> Transition {
+    let owner = Some(ClientKey::from_hw(1, &[2, 0, 0, 0, 0, client]));
+    Transition {
+        expect_version: version - 1,
+        expect_owner: expect.map(|c| ClientKey::from_hw(1, &[2, 0, 0, 0, 0, c])),
+        new: Binding {
+            addr: Ipv4Addr::new(198, 18, 0, addr),
+            state: LeaseState::Leased,
+            owner,
+            expires: 1000 + version,
+            cltt: 10 * version,
+            version,
+            term: 3,
+            hw: vec![2, 0, 0, 0, 0, client],
+            hostname: Some(format!("host{client}")),
+        },
+    }
+}
+
+fn roundtrip(mut s: LeaseStore) {
+    let t1 = leased(10, 1, 1, None);
+    let t2 = leased(11, 2, 1, None);
+    s.commit(&[&t1, &t2]).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].binding, t1.new);
+    assert_eq!(all[1].binding, t2.new);
+    assert!(!all[0].synced(), "a fresh change is unsynced");
+}
+
+fn cas_conflict_rolls_back_the_whole_batch(mut s: LeaseStore) {
+    s.commit(&[&leased(10, 1, 1, None)]).unwrap();
+    // Second batch: a good change to .11 and a stale one to .10 (expects version 5).
+    let good = leased(11, 2, 1, None);
+    let stale = leased(10, 1, 6, Some(1));
+    let err = s.commit(&[&good, &stale]).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { expected: 5, .. }), "{err}");
+    assert!(s.get(Ipv4Addr::new(198, 18, 0, 11)).unwrap().is_none(), "the good half was rolled back");
+}
+
+fn cas_checks_the_owner(mut s: LeaseStore) {
+    s.commit(&[&leased(10, 1, 1, None)]).unwrap();
+    // Right version, wrong expected owner: someone else's release must not apply.
+    let foreign = leased(10, 9, 2, Some(9));
+    assert!(matches!(s.commit(&[&foreign]), Err(StoreError::Conflict { .. })));
+    // A second insert of a never-seen address (expect version 0) also conflicts.
+    assert!(matches!(s.commit(&[&leased(10, 1, 1, None)]), Err(StoreError::Conflict { .. })));
+    s.commit(&[&leased(10, 1, 2, Some(1))]).unwrap();
+}
+
+fn mark_synced_compares_the_version(mut s: LeaseStore) {
+    let a = Ipv4Addr::new(198, 18, 0, 10);
+    s.commit(&[&leased(10, 1, 1, None)]).unwrap();
+    s.commit(&[&leased(10, 1, 2, Some(1))]).unwrap(); // a renew before the peer's ack came back
+    assert!(!s.mark_synced(a, 1).unwrap(), "the ack for version 1 must not mark version 2 synced");
+    assert_eq!(s.unsynced(None, 10).unwrap().len(), 1);
+    assert!(s.mark_synced(a, 2).unwrap());
+    assert!(s.unsynced(None, 10).unwrap().is_empty());
+    assert!(s.get(a).unwrap().unwrap().synced());
+}
+
+fn unsynced_pages_in_address_order(mut s: LeaseStore) {
+    let ts: Vec<Transition> = (1..=25).map(|i| leased(i, i, 1, None)).collect();
+    s.commit(&ts.iter().collect::<Vec<_>>()).unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.unsynced(after, 10).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().binding.addr);
+        seen.extend(page.into_iter().map(|b| b.binding.addr));
+    }
+    assert_eq!(seen.len(), 25);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]));
+}
+
+macro_rules! battery {
+    ($($name:ident),*) => {
+        mod in_memory {
+            $( #[test] fn $name() { super::$name(super::LeaseStore::open_in_memory().unwrap()) } )*
+        }
+        mod on_disk {
+            $( #[test] fn $name() {
+                let dir = tempfile::tempdir().unwrap();
+                let (s, report) = super::LeaseStore::open(&dir.path().join("leases.db"), 1).unwrap();
+                assert!(report.quarantined.is_none());
+                super::$name(s)
+            } )*
+        }
+    };
+}
+
+battery!(roundtrip, cas_conflict_rolls_back_the_whole_batch, cas_checks_the_owner, mark_synced_compares_the_version, unsynced_pages_in_address_order);
+
+#[test]
+fn committed_data_survives_reopen_and_is_visible_read_only_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let (mut s, _) = LeaseStore::open(&path, 1).unwrap();
+    let t = leased(10, 1, 1, None);
+    s.commit(&[&t]).unwrap();
+    let ro = LeaseStore::open_read_only(&path).unwrap();
+    assert_eq!(ro.load_all().unwrap()[0].binding, t.new, "a reader sees the writer's commit");
+    drop(s);
+    let (s, _) = LeaseStore::open(&path, 2).unwrap();
+    assert_eq!(s.load_all().unwrap()[0].binding, t.new);
+}
+
+#[test]
+fn a_corrupt_file_is_quarantined_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    std::fs::write(&path, b"this is not an SQLite database, just some bytes that say so....................................................").unwrap();
+    let (s, report) = LeaseStore::open(&path, 77).unwrap();
+    let moved = report.quarantined.expect("quarantined");
+    assert!(moved.to_string_lossy().ends_with("leases.db.corrupt-77"));
+    assert!(moved.exists());
+    assert!(s.load_all().unwrap().is_empty());
+}
+
+#[test]
+fn a_damaged_page_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    {
+        let (mut s, _) = LeaseStore::open(&path, 1).unwrap();
+        let ts: Vec<Transition> = (1..=200).map(|i| leased(i, i, 1, None)).collect();
+        s.commit(&ts.iter().collect::<Vec<_>>()).unwrap();
+        s.conn.pragma_update(None, "wal_checkpoint", "TRUNCATE").unwrap();
+    }
+    // Scribble over the second page (the lease table's b-tree).
+    let mut bytes = std::fs::read(&path).unwrap();
+    for b in &mut bytes[4096..4096 + 600] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, report) = LeaseStore::open(&path, 5).unwrap();
+    assert!(report.quarantined.is_some(), "damage must be noticed at open");
+}
+
+#[test]
+fn migrations_are_idempotent_and_refuse_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    drop(LeaseStore::open(&path, 1).unwrap());
+    drop(LeaseStore::open(&path, 1).unwrap());
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", 99).unwrap();
+    }
+    let err = LeaseStore::open(&path, 1).err().expect("too new");
+    assert!(err.to_string().contains("newer twinlease"), "{err}");
+}
