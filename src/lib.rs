@@ -8,5 +8,6 @@
 
 pub mod allocator;
 pub mod config;
+pub mod dhcp;
 pub mod lease;
 pub mod store;

@@ -185,6 +185,12 @@ impl Allocator {
         self.by_mac.get(&mac).copied()
     }
 
+    /// The address reserved for this client in `subnet`, if it has one.
+    pub fn reserved_ip_for(&self, subnet: SubnetId, hw: &[u8], client_id: Option<&[u8]>) -> Option<Ipv4Addr> {
+        let r = &self.reservations[self.reservation_for(hw, client_id)?];
+        (r.subnet == subnet).then_some(r.ip)
+    }
+
     /// Is `addr` reserved for a group this client is not in?
     fn reserved_for_other(&self, addr: Ipv4Addr, hw: &[u8], client_id: Option<&[u8]>) -> bool {
         match self.slots.get(&addr).and_then(|s| s.reserved) {
