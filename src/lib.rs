@@ -11,3 +11,6 @@ pub mod config;
 pub mod dhcp;
 pub mod lease;
 pub mod store;
+pub mod logging;
+pub mod role;
+pub mod server;

@@ -1,0 +1,186 @@
+//! The tokio driver: opens the store, binds the sockets, starts the engine and the receive
+//! tasks, reports readiness to systemd, and shuts down in order on SIGTERM.
+
+pub mod arp;
+pub mod engine;
+pub mod interfaces;
+pub mod notify;
+pub mod ping;
+pub mod socket;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::allocator::Allocator;
+use crate::config::Config;
+use crate::dhcp::{self, Ingress};
+use crate::lease::LeaseState;
+use crate::role::RoleRx;
+use crate::store::{LeaseStore, StoreError, StoreWriter};
+use engine::{Engine, EngineStats, Input, unix_now};
+use interfaces::Interfaces;
+use socket::{DhcpSocket, ReplySender};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen for DHCP on {what}: {source} (twinlease needs CAP_NET_BIND_SERVICE and CAP_NET_RAW, or root)")]
+    Bind { what: String, source: std::io::Error },
+    #[error("interface {0} does not exist; fix [dhcp] interfaces (see `ip link`)")]
+    NoInterface(String),
+}
+
+/// Requests waiting for the engine; beyond this the receive tasks drop (clients retry).
+const INBOX: usize = 8192;
+
+/// Runs the DHCP service until SIGTERM/SIGINT.
+pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
+    let cfg = Arc::new(cfg);
+    let started = Instant::now();
+    let db = cfg.lease_db_path();
+    let (store, report) = LeaseStore::open(&db, unix_now())?;
+    if let Some(moved) = &report.quarantined {
+        tracing::error!(path = %db.display(), moved_to = %moved.display(), "lease database was corrupt; moved aside and started empty (clients keep their addresses by renewing)");
+    }
+    let stored = store.load_all()?;
+    let mut alloc = Allocator::new(&cfg);
+    let orphans = alloc.load(stored.into_iter().map(|s| s.binding));
+    if !orphans.is_empty() {
+        tracing::warn!(count = orphans.len(), "stored leases for addresses no longer in any pool or reservation are kept on disk but not served");
+    }
+    let now = unix_now();
+    let live = alloc.bindings().filter(|b| b.state == LeaseState::Leased && b.expires > now).count();
+    tracing::info!(path = %db.display(), leases = live, addresses = alloc.len(), "lease store open");
+
+    let (writer_events_tx, writer_events) = mpsc::unbounded_channel();
+    let (writer, writer_thread) = StoreWriter::spawn(store, writer_events_tx);
+
+    let ifaces = Arc::new(Interfaces::new(&cfg.dhcp.interfaces));
+    for name in &cfg.dhcp.interfaces {
+        if ifaces.index_of(name).is_none() {
+            return Err(ServerError::NoInterface(name.clone()));
+        }
+    }
+    let mut sockets = Vec::new();
+    let mut senders = Vec::new();
+    for name in &cfg.dhcp.interfaces {
+        let (s, tx) = socket::bind(Some(name), socket::SERVER_PORT).map_err(|source| ServerError::Bind { what: format!("interface {name}"), source })?;
+        senders.push(Arc::new(ReplySender::new(tx, Some(name.clone()))));
+        sockets.push(s);
+    }
+    if cfg.dhcp.listen_relayed {
+        let (s, tx) = socket::bind(None, socket::SERVER_PORT).map_err(|source| ServerError::Bind { what: "the relay socket (any interface)".into(), source })?;
+        senders.push(Arc::new(ReplySender::new(tx, None)));
+        sockets.push(s);
+    }
+    let pinger = if cfg.dhcp.ping_check {
+        match ping::Pinger::start() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open an ICMP socket (CAP_NET_RAW?); offering without a ping check");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let stats = Arc::new(EngineStats::default());
+    let (inbox_tx, inbox) = mpsc::channel(INBOX);
+    let engine = Engine {
+        cfg: cfg.clone(),
+        alloc,
+        writer: writer.clone(),
+        senders,
+        pinger,
+        role: role.clone(),
+        inbox,
+        inbox_tx: inbox_tx.clone(),
+        writer_events,
+        stats: stats.clone(),
+        started,
+    };
+    let engine_task = tokio::spawn(engine.run());
+    let mut receivers = Vec::new();
+    for (i, s) in sockets.into_iter().enumerate() {
+        receivers.push(tokio::spawn(receive(s, i, ifaces.clone(), inbox_tx.clone(), stats.clone())));
+    }
+    drop(inbox_tx);
+    let refresher = tokio::spawn({
+        let ifaces = ifaces.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                ifaces.refresh();
+            }
+        }
+    });
+
+    let listening: Vec<String> = cfg.dhcp.interfaces.iter().cloned().chain(cfg.dhcp.listen_relayed.then(|| "relay".to_string())).collect();
+    tracing::info!(sockets = ?listening, node = %cfg.node.name, "listening on port 67");
+    let status = notify::StatusReporter::new(role.clone(), stats.clone(), writer.stats.clone(), started);
+    notify::ready(&status.line());
+    let reporter = tokio::spawn(status.run(cfg.clone()));
+
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    notify::stopping();
+    reporter.abort();
+    refresher.abort();
+    for r in receivers {
+        r.abort();
+    }
+    // The engine ends once every sender of its inbox (receive tasks, probes) is gone.
+    let _ = tokio::time::timeout(Duration::from_secs(2), engine_task).await;
+    drop(writer);
+    // The writer finishes what is queued, then its thread ends.
+    let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+    Ok(())
+}
+
+async fn receive(sock: DhcpSocket, index: usize, ifaces: Arc<Interfaces>, inbox: mpsc::Sender<Input>, stats: Arc<EngineStats>) {
+    let mut buf = vec![0u8; 4096];
+    let served = sock.device.is_some();
+    loop {
+        let r = match sock.recv(&mut buf).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "receive failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        stats.received.fetch_add(1, Ordering::Relaxed);
+        let req = match dhcp::parse(&buf[..r.len]) {
+            Ok(req) => req,
+            Err(why) => {
+                tracing::debug!(from = %r.src, reason = %why, "dropped");
+                continue;
+            }
+        };
+        let ingress = Ingress { iface_addrs: ifaces.addrs_of(r.ifindex), local_dst: r.dst, served };
+        if inbox.try_send(Input::Packet { req: Box::new(req), ingress, socket: index }).is_err() {
+            stats.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Where `run` keeps the lease database for a config (for the `leases` command).
+pub fn lease_db(cfg: &Config) -> PathBuf {
+    cfg.lease_db_path()
+}

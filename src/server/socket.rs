@@ -1,0 +1,137 @@
+//! DHCP sockets: one per served interface (SO_BINDTODEVICE, so broadcasts go out the right
+//! link) and one unbound socket for relayed traffic. Every socket reports, per packet, the
+//! interface and destination address (IP_PKTINFO) the decisions need.
+
+use std::io::{self, IoSliceMut};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg, setsockopt, sockopt};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::Interest;
+
+use super::arp;
+use crate::dhcp::{Destination, Reply};
+
+pub const SERVER_PORT: u16 = 67;
+pub const CLIENT_PORT: u16 = 68;
+
+/// What arrived, and where.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    pub len: usize,
+    pub src: SocketAddrV4,
+    pub ifindex: u32,
+    pub dst: Ipv4Addr,
+}
+
+pub struct DhcpSocket {
+    io: tokio::net::UdpSocket,
+    /// The served interface this socket is bound to; `None` for the relay socket.
+    pub device: Option<String>,
+}
+
+/// Creates a UDP socket on `port`, bound to `device` if given. Returns the receiving half and a
+/// duplicate for sending from any thread (the store writer sends ACKs after commit).
+pub fn bind(device: Option<&str>, port: u16) -> io::Result<(DhcpSocket, UdpSocket)> {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    s.set_broadcast(true)?;
+    if let Some(d) = device {
+        s.bind_device(Some(d.as_bytes()))?;
+    }
+    // Room for bursts (a few thousand requests) while the engine is busy.
+    let _ = s.set_recv_buffer_size(4 << 20);
+    let _ = s.set_send_buffer_size(4 << 20);
+    setsockopt(&s, sockopt::Ipv4PacketInfo, &true).map_err(io::Error::from)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
+    let std_sock: UdpSocket = s.into();
+    let sender = std_sock.try_clone()?;
+    let io = tokio::net::UdpSocket::from_std(std_sock)?;
+    Ok((DhcpSocket { io, device: device.map(str::to_string) }, sender))
+}
+
+impl DhcpSocket {
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<Received> {
+        let fd = self.io.as_raw_fd();
+        self.io.async_io(Interest::READABLE, || recv_pktinfo(fd, buf)).await
+    }
+}
+
+fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
+    let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<SockaddrIn>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty()).map_err(io::Error::from)?;
+    let src = msg.address.map_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), |a| SocketAddrV4::new(a.ip(), a.port()));
+    let (mut ifindex, mut dst) = (0, Ipv4Addr::UNSPECIFIED);
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::Ipv4PacketInfo(pi) = c {
+                ifindex = pi.ipi_ifindex as u32;
+                dst = Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr));
+            }
+        }
+    }
+    Ok(Received { len: msg.bytes, src, ifindex, dst })
+}
+
+/// Sends replies on one socket, from whichever thread has one ready.
+pub struct ReplySender {
+    sock: UdpSocket,
+    device: Option<String>,
+    /// Cleared after the first EPERM from SIOCSARP: no CAP_NET_ADMIN, broadcast instead.
+    arp_allowed: AtomicBool,
+    pub sent: AtomicU64,
+    pub send_errors: AtomicU64,
+}
+
+impl ReplySender {
+    pub fn new(sock: UdpSocket, device: Option<String>) -> ReplySender {
+        ReplySender { sock, device, arp_allowed: AtomicBool::new(true), sent: AtomicU64::new(0), send_errors: AtomicU64::new(0) }
+    }
+
+    pub fn send(&self, reply: &Reply) {
+        let to = match reply.dest {
+            Destination::Relay(giaddr) => SocketAddrV4::new(giaddr, SERVER_PORT),
+            Destination::Unicast(ciaddr) => SocketAddrV4::new(ciaddr, CLIENT_PORT),
+            Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
+            Destination::Hardware { addr, hw } => {
+                if self.install_neighbour(addr, hw) {
+                    SocketAddrV4::new(addr, CLIENT_PORT)
+                } else {
+                    SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
+                }
+            }
+        };
+        match self.sock.send_to(&reply.bytes, to) {
+            Ok(_) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.send_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%to, error = %e, "reply not sent");
+            }
+        }
+    }
+
+    fn install_neighbour(&self, addr: Ipv4Addr, hw: [u8; 6]) -> bool {
+        let Some(dev) = &self.device else { return false };
+        if !self.arp_allowed.load(Ordering::Relaxed) {
+            return false;
+        }
+        match arp::install(self.sock.as_raw_fd(), dev, addr, hw) {
+            Ok(()) => true,
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EPERM) {
+                    self.arp_allowed.store(false, Ordering::Relaxed);
+                    tracing::warn!(interface = %dev, "no CAP_NET_ADMIN to install ARP entries; replies to clients without an address are broadcast");
+                } else {
+                    tracing::debug!(interface = %dev, error = %e, "ARP entry not installed; broadcasting");
+                }
+                false
+            }
+        }
+    }
+}
