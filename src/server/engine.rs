@@ -50,6 +50,8 @@ pub struct Engine {
     pub writer_events: mpsc::UnboundedReceiver<WriterEvent>,
     pub stats: Arc<EngineStats>,
     pub started: std::time::Instant,
+    /// Fires when the daemon stops; the engine then returns, dropping its store writer handle.
+    pub shutdown: tokio::sync::oneshot::Receiver<()>,
 }
 
 pub fn unix_now() -> UnixSecs {
@@ -67,6 +69,7 @@ impl Engine {
         loop {
             self.stats.alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
+                _ = &mut self.shutdown => break,
                 input = self.inbox.recv() => match input {
                     Some(i) => self.on_input(i),
                     None => break,

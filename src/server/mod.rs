@@ -92,6 +92,7 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
 
     let stats = Arc::new(EngineStats::default());
     let (inbox_tx, inbox) = mpsc::channel(INBOX);
+    let (stop_engine, shutdown) = tokio::sync::oneshot::channel();
     let engine = Engine {
         cfg: cfg.clone(),
         alloc,
@@ -104,6 +105,7 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
         writer_events,
         stats: stats.clone(),
         started,
+        shutdown,
     };
     let engine_task = tokio::spawn(engine.run());
     let mut receivers = Vec::new();
@@ -135,8 +137,8 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
     for r in receivers {
         r.abort();
     }
-    // The engine ends once every sender of its inbox (receive tasks, probes) is gone.
-    let _ = tokio::time::timeout(Duration::from_secs(2), engine_task).await;
+    let _ = stop_engine.send(());
+    let _ = engine_task.await;
     drop(writer);
     // The writer finishes what is queued, then its thread ends.
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;

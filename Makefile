@@ -1,0 +1,37 @@
+# twinlease — two commands do everything on a fresh machine:
+#   make demo   a throwaway lab in network namespaces with a real DHCP client
+#   make test   every test (installs missing Debian packages first)
+# Further targets live in mk/*.mk (packaging, arbiter, benchmarks).
+
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: all build deps test test-unit test-integration demo bench clean
+
+all: build
+
+build:
+	$(CARGO) build --release
+
+deps:
+	@scripts/ensure-deps.sh
+
+# Unit + property tests, then the integration tests (real clients in namespaces, run in parallel).
+test: deps
+	$(CARGO) test --all-targets -- --test-threads=$${TEST_THREADS:-8}
+
+test-unit:
+	$(CARGO) test --lib
+
+demo: deps
+	$(CARGO) build --release --quiet
+	@bash scripts/demo.sh target/release/twinlease
+
+bench: deps
+	$(CARGO) build --profile bench-fast --quiet
+	@bash bench/dhcp-ladder.sh target/bench-fast/twinlease
+
+clean:
+	$(CARGO) clean
+
+-include mk/*.mk

@@ -1,0 +1,69 @@
+//! A DHCPACK means the lease is on disk: kill -9 the server in the middle of a 2,000-lease
+//! perfdhcp run, restart it, and every ACK captured on the wire must be in the store.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
+    let srv_ns = Netns::new("s");
+    let relay = Netns::new("r");
+    let (a, b) = (unique("a"), unique("b"));
+    run(Command::new("ip").args(["link", "add", &a, "netns", &srv_ns.name, "type", "veth", "peer", "name", &b, "netns", &relay.name]));
+    srv_ns.ip(&format!("addr add 198.18.4.1/22 dev {a}"));
+    srv_ns.ip(&format!("link set {a} up"));
+    relay.ip(&format!("addr add 198.18.4.2/22 dev {b}"));
+    relay.ip(&format!("link set {b} up"));
+    let dir = tempfile::tempdir().unwrap();
+    let body = "[dhcp]\ninterfaces = []\nping_check = false\n[[subnet]]\ncidr = \"198.18.4.0/22\"\npools = [\"198.18.4.10-198.18.7.250\"]\n[log]\nfilter = \"warn\"\n";
+    let cfg = config_text(dir.path(), body);
+    let mut srv = Server::start(&srv_ns, dir.path(), &cfg);
+
+    // Capture every reply the relay (perfdhcp) receives; tcpdump says when it is listening.
+    let pcap = dir.path().join("replies.pcap");
+    let mut tcpdump = relay.cmd("tcpdump").args(["-i", &b, "-U", "-n", "-w"]).arg(&pcap).args(["udp", "and", "src", "port", "67"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("listening on") {
+        line.clear();
+    }
+
+    let macs = mac_file(dir.path(), 2000, 42);
+    let mut perf = relay.cmd("perfdhcp").args(["-4", "-l", "198.18.4.2", "-r", "400", "-n", "2000", "-M"]).arg(&macs).arg("198.18.4.1").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+
+    // Kill the server once a good share of the run is committed.
+    let config = srv.config.clone();
+    wait_for("600 leases in the store", Duration::from_secs(30), || (leases(&config).iter().filter(|r| r["state"] == "leased").count() >= 600).then_some(()));
+    srv.kill9();
+    let _ = perf.kill();
+    let _ = perf.wait();
+    let _ = Command::new("kill").args(["-INT", &tcpdump.id().to_string()]).status();
+    let _ = tcpdump.wait();
+
+    let acks: Vec<_> = pcap_replies(&pcap).into_iter().filter(|(kind, _, _)| *kind == 5).collect();
+    assert!(acks.len() >= 600, "captured only {} ACKs", acks.len());
+    let mut by_addr: HashMap<String, String> = HashMap::new();
+    for (_, mac, ip) in &acks {
+        if let Some(prev) = by_addr.insert(ip.to_string(), fmt_mac(mac)) {
+            assert_eq!(prev, fmt_mac(mac), "{ip} was ACKed to two clients");
+        }
+    }
+
+    let srv = Server::start_with(&srv_ns, dir.path(), &srv.config.clone(), &[]);
+    let rows = srv.leases();
+    let mut missing = Vec::new();
+    for (ip, mac) in &by_addr {
+        match lease_of(&rows, ip) {
+            Some(l) if l["state"] == "leased" && l["hw"] == mac.as_str() => {}
+            other => missing.push(format!("{ip} ACKed to {mac}, store has {other:?}")),
+        }
+    }
+    assert!(missing.is_empty(), "{} of {} ACKed leases lost after kill -9:\n{}", missing.len(), by_addr.len(), missing.join("\n"));
+    eprintln!("kill -9 after {} ACKs on the wire: all {} in the store after restart", acks.len(), by_addr.len());
+}
