@@ -7,7 +7,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use twinlease::config::Config;
+use twinlease::config::{ArbiterKind, Config};
+use twinlease::election::backend::{self, AnyBackend, Backend, CONNECT_TIMEOUT, InitOutcome};
+use twinlease::election::{Election, Params};
 use twinlease::lease::{LeaseState, fmt_hw};
 use twinlease::store::{LeaseStore, StoredBinding};
 
@@ -46,8 +48,36 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Who is primary for this box's utype, and where (asks the arbiter).
+    Whois {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Arbiter administration.
+    Arbiter {
+        #[command(subcommand)]
+        command: ArbiterCommand,
+    },
     /// Print the version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum ArbiterCommand {
+    /// Create the heartbeat table if missing (idempotent); adopt a changed T once the utype's
+    /// row has expired.
+    Init {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Print the SQL that creates the heartbeat table (for a DBA to run by hand).
+    Schema {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -90,10 +120,36 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let cfg = load(&config, state_dir)?;
             twinlease::logging::init(cfg.log_filter.as_deref());
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the runtime")?;
+            rt.block_on(run(cfg))
+        }
+        Command::Whois { config, json } => {
+            let cfg = Config::load(&config)?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+            rt.block_on(whois(&cfg, json))
+        }
+        Command::Arbiter { command: ArbiterCommand::Init { config } } => {
+            let cfg = Config::load(&config)?;
+            let a = arbiter_of(&cfg)?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async {
-                let (_role_tx, role) = twinlease::role::standalone();
-                twinlease::server::run(cfg, role).await
-            })?;
+                let mut b = AnyBackend::from_config(a)?;
+                let outcome = tokio::time::timeout(CONNECT_TIMEOUT * 2, b.init(&a.utype, a.timeout.as_millis() as u64)).await.map_err(|_| anyhow::anyhow!("the arbiter did not answer within {:?}", CONNECT_TIMEOUT * 2))??;
+                match outcome {
+                    InitOutcome::Ready => println!("arbiter ready: table {} exists; utype {:?} uses T = {} ms", backend::TABLE, a.utype, a.timeout.as_millis()),
+                    InitOutcome::AdoptedTimeout { old_ms } => println!("arbiter ready: utype {:?} changed from T = {old_ms} ms to T = {} ms (its row had expired)", a.utype, a.timeout.as_millis()),
+                }
+                Ok(ExitCode::SUCCESS)
+            })
+        }
+        Command::Arbiter { command: ArbiterCommand::Schema { config } } => {
+            let cfg = Config::load(&config)?;
+            let a = arbiter_of(&cfg)?;
+            let sql = match a.kind {
+                ArbiterKind::Postgres => backend::postgres::schema_sql(),
+                ArbiterKind::Mysql => backend::mysql::schema_sql(),
+                ArbiterKind::Sqlite => backend::sqlite::schema_sql(),
+            };
+            println!("{sql};");
             Ok(ExitCode::SUCCESS)
         }
         Command::Leases { config, state_dir, json, all } => {
@@ -114,6 +170,79 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn arbiter_of(cfg: &Config) -> anyhow::Result<&twinlease::config::Arbiter> {
+    cfg.arbiter.as_ref().ok_or_else(|| anyhow::anyhow!("{}: no [arbiter] section; this box is standalone (always active)", cfg.path.display()))
+}
+
+/// `run`: standalone without `[arbiter]`; otherwise the DHCP service follows the election.
+/// A demoted box stays in the process and re-enters the election (same uuid), so a box whose
+/// heartbeat answers were merely lost renews its own row and serves again within one interval.
+/// Only a T mismatch with the arbiter's row ends the process (exit 1; systemd restarts it).
+async fn run(cfg: Config) -> anyhow::Result<ExitCode> {
+    let Some(a) = cfg.arbiter.clone() else {
+        let (_role_tx, role) = twinlease::role::standalone();
+        twinlease::server::run(cfg, role).await?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let backend = AnyBackend::from_config(&a)?;
+    let mut election = Election::new(backend, Params::from_config(&a), &a.utype, &cfg.node.name, &a.endpoint);
+    election.startup_check().await?;
+    let (role_tx, role_rx) = tokio::sync::watch::channel(twinlease::role::Role::Standby);
+    let mut elected = tokio::spawn(election.run(role_tx, None));
+    tokio::select! {
+        r = twinlease::server::run(cfg, role_rx) => {
+            r?;
+            Ok(ExitCode::SUCCESS)
+        }
+        halted = &mut elected => {
+            let why = halted.map_or_else(|e| format!("election task failed: {e}"), |e| e.to_string());
+            anyhow::bail!("{why}")
+        }
+    }
+}
+
+async fn whois(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
+    let a = arbiter_of(cfg)?;
+    let mut b = AnyBackend::from_config(a)?;
+    let row = tokio::time::timeout(CONNECT_TIMEOUT, b.read(&a.utype)).await.map_err(|_| anyhow::anyhow!("the arbiter did not answer within {CONNECT_TIMEOUT:?}"))??;
+    if json {
+        let v = match &row {
+            None => serde_json::json!({ "utype": a.utype, "primary": null }),
+            Some(r) => serde_json::json!({
+                "utype": r.utype,
+                "primary": if r.live { serde_json::Value::String(r.name.clone()) } else { serde_json::Value::Null },
+                "live": r.live,
+                "name": r.name,
+                "uuid": r.uuid.to_string(),
+                "endpoint": r.endpoint,
+                "term": r.term,
+                "heartbeat_age_ms": r.age_ms,
+                "heartbeat_utc": utc_us(r.ts_us),
+                "timeout_ms": r.timeout_ms,
+            }),
+        };
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match row {
+        None => println!("utype {:?}: no primary (no heartbeat row yet)", a.utype),
+        Some(r) => {
+            let age = r.age_ms as f64 / 1000.0;
+            if r.live {
+                println!("utype {:?}: primary {} at {} (uuid {}, term {}), heartbeat {age:.1}s ago (T = {} ms)", r.utype, r.name, r.endpoint, r.uuid, r.term, r.timeout_ms);
+            } else {
+                println!("utype {:?}: no primary; last was {} at {} (uuid {}, term {}), heartbeat {age:.1}s ago, expired (T = {} ms)", r.utype, r.name, r.endpoint, r.uuid, r.term, r.timeout_ms);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn utc_us(us: i64) -> String {
+    let t = if us >= 0 { UNIX_EPOCH + Duration::from_micros(us as u64) } else { UNIX_EPOCH };
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 fn utc(secs: u64) -> String {

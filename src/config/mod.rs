@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 
-pub use wire::AliasBusyPolicy;
+pub use wire::{AliasBusyPolicy, TlsMode};
 
 /// A configuration that passed every check.
 #[derive(Debug, Clone)]
@@ -21,6 +21,30 @@ pub struct Config {
     pub subnets: Vec<Subnet>,
     pub reservations: Vec<Reservation>,
     pub log_filter: Option<String>,
+    /// `None`: no `[arbiter]`, a single box that is always active.
+    pub arbiter: Option<Arbiter>,
+}
+
+/// The validated `[arbiter]` section.
+#[derive(Debug, Clone)]
+pub struct Arbiter {
+    pub url: String,
+    pub kind: ArbiterKind,
+    pub utype: String,
+    pub interval: std::time::Duration,
+    pub timeout: std::time::Duration,
+    pub password_file: Option<PathBuf>,
+    pub tls: TlsMode,
+    pub ca_file: Option<PathBuf>,
+    pub endpoint: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArbiterKind {
+    Postgres,
+    Mysql,
+    /// `path` of `sqlite:///path`.
+    Sqlite,
 }
 
 #[derive(Debug, Clone)]

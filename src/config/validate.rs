@@ -10,7 +10,7 @@ use ipnet::Ipv4Net;
 use toml::Spanned;
 
 use super::wire::{self, ConfigFile};
-use super::{AddrRange, Config, ConfigError, Dhcp, LocalAddrs, Node, Reservation, Subnet};
+use super::{AddrRange, Arbiter, ArbiterKind, Config, ConfigError, Dhcp, LocalAddrs, Node, Reservation, Subnet};
 
 /// Where we are in the file, to turn byte spans into line and column.
 struct Source<'a> {
@@ -80,6 +80,10 @@ pub(super) fn parse(path: &Path, text: &str, local: &LocalAddrs) -> Result<Confi
         subnets.push(subnet);
     }
     let reservations = reservations(&src, &file.reservation, &subnets, local, dhcp.on_alias_busy)?;
+    let arbiter = match &file.arbiter {
+        Some(a) => Some(arbiter(&src, a, &node)?),
+        None => None,
+    };
 
     Ok(Config {
         path: path.to_path_buf(),
@@ -88,6 +92,7 @@ pub(super) fn parse(path: &Path, text: &str, local: &LocalAddrs) -> Result<Confi
         subnets,
         reservations,
         log_filter: file.log.filter,
+        arbiter,
     })
 }
 
@@ -342,4 +347,56 @@ fn reservations(
         out.push(Reservation { name: name.clone(), hw, client_ids, ip, subnet, on_alias_busy: w.on_alias_busy.unwrap_or(default_policy) });
     }
     Ok(out)
+}
+
+fn arbiter(src: &Source, a: &Spanned<wire::ArbiterSection>, node: &Node) -> Result<Arbiter, ConfigError> {
+    let sec = a.span();
+    let w = a.get_ref();
+    let url = w.url.get_ref().trim();
+    let kind = match url.split_once("://").map(|(s, _)| s) {
+        Some("postgres" | "postgresql") => ArbiterKind::Postgres,
+        Some("mysql" | "mariadb") => ArbiterKind::Mysql,
+        Some("sqlite") => ArbiterKind::Sqlite,
+        _ => {
+            return Err(src.err(w.url.span(), format!("arbiter url {url:?} names no supported database"), "start it with postgres://, mysql:// or sqlite:/// (e.g. postgres://twinlease@hq.example/arbiter)"));
+        }
+    };
+    if kind == ArbiterKind::Sqlite && !url.starts_with("sqlite:///") {
+        return Err(src.err(w.url.span(), format!("arbiter url {url:?} is not an absolute sqlite path"), "write sqlite:///absolute/path/arbiter.db (three slashes)"));
+    }
+    let utype = w.utype.get_ref();
+    if utype.is_empty() || utype.len() > 128 || !utype.chars().all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c)) {
+        return Err(src.err(w.utype.span(), format!("utype {utype:?} is not a valid service name"), "use 1-128 letters, digits, '.', '_', '/' or '-', the same on both boxes (e.g. branch42/dhcp)"));
+    }
+    let interval = *w.interval_ms.get_ref();
+    if !(50..=60_000).contains(&interval) {
+        return Err(src.err(at(&w.interval_ms, &sec), format!("interval_ms = {interval} is out of range"), "use 50 to 60000 (1000 is a good start)"));
+    }
+    let timeout = *w.timeout_ms.get_ref();
+    if timeout <= 2 * interval || timeout > 3_600_000 {
+        return Err(src.err(
+            at(&w.timeout_ms, &sec),
+            format!("timeout_ms (T = {timeout}) must be greater than 2 x interval_ms (I = {interval}) and at most one hour"),
+            format!("raise timeout_ms above {} or lower interval_ms; T > 2I leaves the active box time to renew before it must stop", 2 * interval),
+        ));
+    }
+    let abs = |v: &Option<Spanned<String>>, what: &str| -> Result<Option<PathBuf>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(p) if p.get_ref().starts_with('/') => Ok(Some(PathBuf::from(p.get_ref()))),
+            Some(p) => Err(src.err(p.span(), format!("{what} {:?} is not an absolute path", p.get_ref()), "use an absolute path")),
+        }
+    };
+    let endpoint = w.endpoint.as_ref().map_or_else(|| node.name.clone(), |e| e.get_ref().clone());
+    Ok(Arbiter {
+        url: url.to_string(),
+        kind,
+        utype: utype.clone(),
+        interval: std::time::Duration::from_millis(interval),
+        timeout: std::time::Duration::from_millis(timeout),
+        password_file: abs(&w.password_file, "password_file")?,
+        tls: w.tls,
+        ca_file: abs(&w.ca_file, "ca_file")?,
+        endpoint,
+    })
 }

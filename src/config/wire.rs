@@ -20,6 +20,8 @@ pub struct ConfigFile {
     pub reservation: Vec<Spanned<ReservationSection>>,
     #[serde(default)]
     pub log: LogSection,
+    /// Absent: a single box, always active.
+    pub arbiter: Option<Spanned<ArbiterSection>>,
 }
 
 fn default_dhcp() -> Spanned<DhcpSection> {
@@ -147,4 +149,48 @@ pub struct ReservationSection {
 pub struct LogSection {
     /// A `RUST_LOG`-style filter; the `RUST_LOG` environment variable wins when set.
     pub filter: Option<String>,
+}
+
+/// The election arbiter (seeds 000–002): a SQL database at head office both boxes reach.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArbiterSection {
+    /// postgres://user@host/db, mysql://user@host/db, or sqlite:///absolute/path.
+    pub url: Spanned<String>,
+    /// The service both boxes elect a primary for, e.g. "branch42/dhcp".
+    pub utype: Spanned<String>,
+    /// I: how often each box talks to the arbiter.
+    #[serde(default = "default_interval")]
+    pub interval_ms: Spanned<u64>,
+    /// T: how long a heartbeat is valid. T > 2I.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: Spanned<u64>,
+    /// A file holding the database password (overrides a password in the url).
+    pub password_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM file with the CA certificate(s) to trust instead of the system's.
+    pub ca_file: Option<Spanned<String>>,
+    /// Where this box can be reached, shown by `whois` (defaults to the node name).
+    pub endpoint: Option<Spanned<String>>,
+}
+
+fn default_interval() -> Spanned<u64> {
+    Spanned::new(0..0, 1000)
+}
+fn default_timeout() -> Spanned<u64> {
+    Spanned::new(0..0, 5000)
+}
+
+/// TLS to the arbiter (ignored for sqlite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsMode {
+    /// Verified TLS or no connection.
+    #[default]
+    Require,
+    /// Verified TLS when the server offers it, plain otherwise.
+    Prefer,
+    /// Plain TCP (a trusted network only).
+    Off,
 }

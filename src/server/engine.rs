@@ -86,7 +86,7 @@ impl Engine {
 
     fn apply_role(&mut self) {
         let role = *self.role.borrow_and_update();
-        if let Role::Active { term } = role {
+        if let Role::Active { term, .. } = role {
             self.alloc.set_term(term);
         }
     }
