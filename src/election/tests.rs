@@ -1,1 +1,312 @@
+//! The election machine, one seed step at a time, plus a property test of its two promises:
+//! the lease never outlives (confirmed heartbeat send + T − I), and at most two calls per I.
 
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::machine::{Call, DemoteReason, Effect, Machine, Reply};
+use super::{Beat, HolderRow, Params, Uuid};
+
+const I: Duration = Duration::from_secs(1);
+const T: Duration = Duration::from_secs(5);
+const UTYPE: &str = "branch42/dhcp";
+
+fn params() -> Params {
+    Params { interval: I, timeout: T }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn me() -> Uuid {
+    Uuid::from_u128(0xa)
+}
+
+fn other() -> Uuid {
+    Uuid::from_u128(0xb)
+}
+
+fn row(uuid: Uuid, live: bool) -> HolderRow {
+    HolderRow { utype: UTYPE.into(), uuid, name: "n".into(), endpoint: "e".into(), term: 7, timeout_ms: 5000, ts_us: 0, age_ms: if live { 100 } else { 9000 }, live }
+}
+
+fn sent(effects: &[Effect]) -> Option<(u64, Call)> {
+    effects.iter().find_map(|e| match e {
+        Effect::Send { id, call, .. } => Some((*id, *call)),
+        _ => None,
+    })
+}
+
+fn one_send(effects: &[Effect], want: Call) -> u64 {
+    let (id, call) = sent(effects).unwrap_or_else(|| panic!("expected a {want:?} call in {effects:?}"));
+    assert_eq!(call, want, "{effects:?}");
+    id
+}
+
+/// A machine that became active at t = 0 (read empty, claim applied), term 1.
+fn active() -> Machine {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    let fx = m.on_reply(ms(20), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 }));
+    assert_eq!(fx, vec![Effect::Active { term: 1, until: ms(10) + T - I, renewed: false }]);
+    m
+}
+
+#[test]
+fn step_1_2_a_new_node_reads_once_per_interval() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    assert_eq!(m.uuid(), me());
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    assert!(m.poll(ms(500)).is_empty(), "nothing until the next tick");
+    assert!(m.on_reply(ms(30), id, Reply::Read(Some(row(other(), true)))).is_empty(), "someone else is primary: wait");
+    assert_eq!(m.wake_at(), ms(1000));
+    one_send(&m.poll(ms(1000)), Call::Read);
+    assert_eq!(m.active_term(ms(1000)), None);
+}
+
+#[test]
+fn step_3_an_empty_answer_makes_it_claim_at_once() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    // An expired row is as good as none.
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    one_send(&m.on_reply(ms(10), id, Reply::Read(Some(row(other(), false)))), Call::Heartbeat);
+}
+
+#[test]
+fn step_4a_an_applied_claim_makes_it_active_from_the_claims_send_time() {
+    let m = active();
+    assert_eq!(m.active_term(ms(3999)), Some(1));
+    assert_eq!(m.active_term(ms(4010)), None, "claim sent at 10 ms: active until 10 ms + T - I");
+}
+
+#[test]
+fn step_4b_a_rejected_claim_goes_back_to_reading() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    assert!(m.on_reply(ms(20), id, Reply::Beat(Beat::NotApplied)).is_empty());
+    one_send(&m.poll(ms(1000)), Call::Read);
+}
+
+#[test]
+fn step_4c_a_failed_or_corrupt_claim_is_retried_at_the_next_tick() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    assert!(m.on_reply(ms(20), id, Reply::Failed("the arbiter returned a corrupt row".into())).is_empty());
+    assert_eq!(m.active_term(ms(21)), None);
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    // A claim that gets no answer at all is retried too.
+    assert!(m.poll(ms(1999)).is_empty());
+    let fx = m.poll(ms(2000));
+    one_send(&fx, Call::Heartbeat);
+    assert!(m.on_reply(ms(2001), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })).is_empty(), "the abandoned call's answer is ignored");
+}
+
+#[test]
+fn step_4c_a_read_for_another_utype_is_no_answer() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let mut wrong = row(me(), true);
+    wrong.utype = "branch43/dhcp".into();
+    assert!(m.on_reply(ms(10), id, Reply::Read(Some(wrong))).is_empty(), "neither claim nor promote");
+    assert_eq!(m.active_term(ms(11)), None);
+    one_send(&m.poll(ms(1000)), Call::Read);
+}
+
+#[test]
+fn step_4d_an_empty_answer_after_a_lost_claim_claims_again() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    assert!(m.on_reply(ms(20), id, Reply::Beat(Beat::NotApplied)).is_empty());
+    let id = one_send(&m.poll(ms(1000)), Call::Read);
+    one_send(&m.on_reply(ms(1010), id, Reply::Read(None)), Call::Heartbeat);
+}
+
+#[test]
+fn seeing_its_own_row_does_not_make_a_node_active_only_a_confirmed_heartbeat_does() {
+    // The seed's bug: "GetPrimary returned me" was taken as a lease. Here it only triggers a
+    // renewal, and the renewal's confirmation starts the lease.
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let fx = m.on_reply(ms(10), id, Reply::Read(Some(row(me(), true))));
+    let id = one_send(&fx, Call::Heartbeat);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Active { .. })));
+    assert_eq!(m.active_term(ms(11)), None);
+    let fx = m.on_reply(ms(20), id, Reply::Beat(Beat::Applied { ts_us: 5, term: 7 }));
+    assert_eq!(fx, vec![Effect::Active { term: 7, until: ms(10) + T - I, renewed: false }]);
+}
+
+#[test]
+fn step_5_the_active_renews_every_interval_and_the_lease_follows_the_send_time() {
+    let mut m = active();
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    let fx = m.on_reply(ms(1400), id, Reply::Beat(Beat::Applied { ts_us: 2, term: 1 }));
+    assert_eq!(fx, vec![Effect::Active { term: 1, until: ms(1000) + T - I, renewed: true }], "from the send (1000 ms), not the answer (1400 ms)");
+    assert_eq!(m.lease_end(), Some(ms(5000)));
+}
+
+#[test]
+fn step_5a_a_rejected_heartbeat_demotes_at_once() {
+    let mut m = active();
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    assert_eq!(m.on_reply(ms(1010), id, Reply::Beat(Beat::NotApplied)), vec![Effect::Demoted(DemoteReason::HeartbeatRejected)]);
+    assert_eq!(m.active_term(ms(1011)), None);
+    one_send(&m.poll(ms(2000)), Call::Read);
+}
+
+#[test]
+fn step_5a_no_confirmed_heartbeat_for_t_minus_i_demotes_on_time() {
+    let mut m = active();
+    // Writes fail from now on; every heartbeat errors or times out.
+    let mut t = 1000;
+    let mut demoted_at = None;
+    while t <= 6000 {
+        for e in m.poll(ms(t)) {
+            match e {
+                Effect::Send { id, .. } if t % 2000 == 0 => {
+                    assert!(m.on_reply(ms(t + 5), id, Reply::Failed("read-only".into())).is_empty());
+                }
+                Effect::Demoted(DemoteReason::LeaseExpired) => demoted_at = Some(t),
+                _ => {}
+            }
+        }
+        t = m.wake_at().as_millis() as u64;
+    }
+    assert_eq!(demoted_at, Some(4010), "claim sent at 10 ms, T - I = 4 s");
+    assert_eq!(m.active_term(ms(4010)), None);
+}
+
+#[test]
+fn the_lease_end_is_a_wake_up_even_with_a_call_in_flight() {
+    let mut m = active();
+    for t in [1000, 2000, 3000] {
+        let id = one_send(&m.poll(ms(t)), Call::Heartbeat);
+        m.on_reply(ms(t + 1), id, Reply::Failed("x".into()));
+    }
+    one_send(&m.poll(ms(4000)), Call::Heartbeat);
+    assert_eq!(m.wake_at(), ms(4010), "lease end (4010) before the call deadline (5000)");
+    assert_eq!(m.poll(ms(4010)), vec![Effect::Demoted(DemoteReason::LeaseExpired)]);
+}
+
+#[test]
+fn an_answer_after_the_deadline_does_not_count() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
+    // Deadline is 10 ms + I; the answer arrives later (the driver should have dropped it).
+    assert!(m.on_reply(ms(1011), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })).is_empty());
+    assert_eq!(m.active_term(ms(1012)), None);
+}
+
+#[test]
+fn a_term_change_is_a_new_promotion_not_a_renewal() {
+    let mut m = active();
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    assert_eq!(m.on_reply(ms(1010), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 })), vec![Effect::Active { term: 2, until: ms(5000), renewed: false }]);
+}
+
+#[test]
+fn a_different_t_on_the_arbiter_halts() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    let mut r = row(other(), false);
+    r.timeout_ms = 3000;
+    let fx = m.on_reply(ms(10), id, Reply::Read(Some(r)));
+    assert!(matches!(&fx[..], [Effect::Halt(msg)] if msg.contains("T = 3000 ms") && msg.contains("timeout_ms = 5000")), "{fx:?}");
+    assert!(m.is_halted());
+    assert!(m.poll(ms(5000)).is_empty());
+    assert_eq!(m.wake_at(), Duration::MAX);
+}
+
+#[test]
+fn missed_ticks_are_skipped_not_replayed() {
+    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    m.on_reply(ms(5), id, Reply::Read(Some(row(other(), true))));
+    let fx = m.poll(ms(10_500));
+    assert_eq!(fx.iter().filter(|e| matches!(e, Effect::Send { .. })).count(), 1);
+    assert_eq!(m.wake_at(), ms(11_000));
+}
+
+#[test]
+fn answers_to_unknown_calls_are_ignored() {
+    let mut m = active();
+    assert!(m.on_reply(ms(100), 999, Reply::Beat(Beat::NotApplied)).is_empty());
+    assert_eq!(m.active_term(ms(100)), Some(1));
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Wait(u64),
+    Answer(u8),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![(1u64..1500).prop_map(Step::Wait), (0u8..6).prop_map(Step::Answer)]
+}
+
+proptest! {
+    /// Whatever the arbiter answers and whenever: the lease never reaches past the send time
+    /// of a heartbeat that the arbiter confirmed + (T − I), and no window of length I holds
+    /// more than two calls.
+    #[test]
+    fn lease_and_call_budget_hold_for_any_answers(steps in proptest::collection::vec(step(), 1..200)) {
+        let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+        let mut now = ms(0);
+        let mut inflight: Option<(u64, Call, Duration)> = None;
+        let mut sends: Vec<Duration> = Vec::new();
+        let mut confirmed_send: Option<Duration> = None;
+        let mut fx = m.poll(now);
+        for s in steps {
+            for e in &fx {
+                if let Effect::Send { id, call, .. } = e {
+                    inflight = Some((*id, *call, now));
+                    sends.push(now);
+                }
+                if let Effect::Active { until, .. } = e {
+                    let c = confirmed_send.expect("active without a confirmed heartbeat");
+                    prop_assert!(*until <= c + T - I);
+                }
+            }
+            fx = match s {
+                Step::Wait(d) => {
+                    now = (now + ms(d)).min(m.wake_at().max(now));
+                    m.poll(now)
+                }
+                Step::Answer(k) => {
+                    let Some((id, call, at)) = inflight.take() else { continue };
+                    let reply = match (k, call) {
+                        (0, _) => Reply::Failed("x".into()),
+                        (1, Call::Read) => Reply::Read(None),
+                        (2, Call::Read) => Reply::Read(Some(row(other(), true))),
+                        (_, Call::Read) => Reply::Read(Some(row(me(), true))),
+                        (1 | 2, Call::Heartbeat) => Reply::Beat(Beat::NotApplied),
+                        (_, Call::Heartbeat) => {
+                            confirmed_send = Some(at);
+                            Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })
+                        }
+                    };
+                    m.on_reply(now, id, reply)
+                }
+            };
+            if let Some(t) = m.active_term(now) {
+                prop_assert!(t >= 1);
+                prop_assert!(now < confirmed_send.unwrap() + T - I);
+            }
+        }
+        // Ticks are at k·I: each tick period holds the tick's call and at most one follow-up.
+        for s in &sends {
+            let k = s.as_nanos() / I.as_nanos();
+            let in_period = sends.iter().filter(|x| x.as_nanos() / I.as_nanos() == k).count();
+            prop_assert!(in_period <= 2, "{} calls in interval {}: {:?}", in_period, k, sends);
+        }
+    }
+}
