@@ -41,7 +41,7 @@ pub enum LeaseRule {
 }
 
 /// An arbiter call the driver must make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Call {
     /// GetPrimary(utype).
     Read,
@@ -109,7 +109,9 @@ pub struct Known {
     pub at: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Equality and hashing (used by the model checker to merge equal states) leave out `known`,
+/// which is for display only and never influences what the machine does.
+#[derive(Debug, Clone)]
 pub struct Machine {
     params: Params,
     rule: LeaseRule,
@@ -120,6 +122,20 @@ pub struct Machine {
     inflight: Option<Inflight>,
     next_id: u64,
     known: Option<Known>,
+}
+
+impl PartialEq for Machine {
+    fn eq(&self, o: &Machine) -> bool {
+        (self.params, self.rule, self.uuid, &self.utype, &self.phase, self.next_tick, &self.inflight, self.next_id) == (o.params, o.rule, o.uuid, &o.utype, &o.phase, o.next_tick, &o.inflight, o.next_id)
+    }
+}
+
+impl Eq for Machine {}
+
+impl std::hash::Hash for Machine {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.params, self.rule, self.uuid, &self.phase, self.next_tick, &self.inflight, self.next_id).hash(h);
+    }
 }
 
 impl Machine {

@@ -1,1 +1,458 @@
+//! An exhaustive explorer of the election: N nodes running the real [`Machine`] against a
+//! simulated arbiter, with every interleaving of message delivery, delay and loss, node crashes
+//! and restarts (new uuid), link cuts, writes failing while reads succeed, and each node's clock
+//! running fast or slow by a bounded rate. Property: at most one node is active at any real
+//! instant. Breadth-first, so a violation comes with the shortest trace that produces it.
+//!
+//! Real time advances in whole units; every other action happens at an instant. Time may only
+//! advance when nothing is due: no node timer has fired unhandled and no message has reached
+//! the end of its delivery window. A node's role is judged by its own clock (`active_term` at
+//! its local time), exactly as the DHCP path judges it, so a node whose clock runs slow really
+//! does stay active longer in real time.
 
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::machine::{Call, Effect, LeaseRule, Machine, Reply};
+use super::{Beat, HolderRow, Params, Uuid};
+
+const UTYPE: &str = "model/dhcp";
+
+/// The bounds of one exploration.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub nodes: usize,
+    /// Real time per unit.
+    pub unit: Duration,
+    /// I and T, multiples of `unit`.
+    pub params: Params,
+    /// Explore up to this many units of real time.
+    pub horizon: u32,
+    /// Messages that may be lost / delayed (up to `max_delay` units instead of at once).
+    pub losses: u8,
+    pub delays: u8,
+    pub max_delay: u32,
+    pub crashes: u8,
+    /// Times a node's link to the arbiter may be cut or restored.
+    pub link_toggles: u8,
+    /// Times the arbiter may start or stop failing writes (reads keep working).
+    pub write_toggles: u8,
+    /// Clock-rate error of each node in parts per thousand: a node runs at 1 − d, 1, or 1 + d.
+    pub drift_permille: u32,
+    pub rule: LeaseRule,
+    /// Give up (panic) beyond this many states, rather than eat the machine's memory.
+    pub max_states: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Payload {
+    Request { call: Call, uuid: u128 },
+    Response(ReplyKey),
+}
+
+/// A reply in a hashable, ordered form.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum ReplyKey {
+    Row(Option<(u128, u64, bool)>),
+    Applied(u64),
+    NotApplied,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Msg {
+    /// Last instant it may be delivered at.
+    latest: u32,
+    node: usize,
+    generation: u32,
+    id: u64,
+    payload: Payload,
+    delayed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Node {
+    machine: Option<Machine>,
+    generation: u32,
+    /// Local clock reading at real time `since` and its rate (permille of real time).
+    base_local: u64,
+    since: u32,
+    rate: u32,
+    cut: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct World {
+    now: u32,
+    nodes: Vec<Node>,
+    msgs: Vec<Msg>,
+    /// (uuid, ts in real units, term)
+    row: Option<(u128, u32, u64)>,
+    writes_fail: bool,
+    losses: u8,
+    delays: u8,
+    crashes: u8,
+    link_toggles: u8,
+    write_toggles: u8,
+}
+
+/// A violation: the actions from the start that lead to two active nodes.
+#[derive(Debug)]
+pub struct Counterexample {
+    pub trace: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub states: usize,
+    pub violation: Option<Counterexample>,
+}
+
+struct Explorer {
+    b: Bounds,
+}
+
+impl Explorer {
+    fn local(&self, n: &Node, now: u32) -> Duration {
+        let real_ns = u64::from(now - n.since) * self.b.unit.as_nanos() as u64;
+        Duration::from_nanos(n.base_local + real_ns * u64::from(n.rate) / 1000)
+    }
+
+    fn uuid(node: usize, generation: u32) -> u128 {
+        ((node as u128 + 1) << 32) | u128::from(generation)
+    }
+
+    fn rates(&self) -> Vec<u32> {
+        let d = self.b.drift_permille;
+        // The extremes: a node whose clock is as slow, or as fast, as the bound allows.
+        if d == 0 { vec![1000] } else { vec![1000 - d, 1000 + d] }
+    }
+
+    fn start_node(&self, w: &mut World, i: usize, rate: u32) {
+        let n = &mut w.nodes[i];
+        n.generation += 1;
+        // The local clock is continuous across restarts (it is the host's clock).
+        let local = if n.machine.is_none() && n.generation == 1 { Duration::from_secs(1) } else { self.local(n, w.now) };
+        n.base_local = local.as_nanos() as u64;
+        n.since = w.now;
+        n.rate = rate;
+        n.machine = Some(Machine::with_rule(self.b.params, Uuid::from_u128(Self::uuid(i, n.generation)), UTYPE, local, self.b.rule));
+    }
+
+    fn initial(&self) -> Vec<World> {
+        let mut out = vec![World {
+            now: 0,
+            nodes: (0..self.b.nodes).map(|_| Node { machine: None, generation: 0, base_local: 0, since: 0, rate: 1000, cut: false }).collect(),
+            msgs: Vec::new(),
+            row: None,
+            writes_fail: false,
+            losses: self.b.losses,
+            delays: self.b.delays,
+            crashes: self.b.crashes,
+            link_toggles: self.b.link_toggles,
+            write_toggles: self.b.write_toggles,
+        }];
+        for i in 0..self.b.nodes {
+            let mut next = Vec::new();
+            for w in &out {
+                for r in self.rates() {
+                    let mut w = w.clone();
+                    self.start_node(&mut w, i, r);
+                    next.push(w);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    fn apply_effects(&self, w: &mut World, i: usize, effects: Vec<Effect>) {
+        for e in effects {
+            if let Effect::Send { id, call, .. } = e {
+                let n = &w.nodes[i];
+                if n.cut {
+                    continue;
+                }
+                let uuid = Self::uuid(i, n.generation);
+                w.msgs.push(Msg { latest: w.now, node: i, generation: n.generation, id, payload: Payload::Request { call, uuid }, delayed: false });
+            }
+        }
+        w.msgs.sort();
+    }
+
+    /// The arbiter executes a request at real time `now`.
+    fn arbiter(&self, w: &mut World, call: Call, uuid: u128) -> ReplyKey {
+        let t_units = (self.b.params.timeout.as_nanos() / self.b.unit.as_nanos()) as u32;
+        let live = |ts: u32| w.now - ts <= t_units;
+        match call {
+            Call::Read => ReplyKey::Row(w.row.map(|(u, ts, term)| (u, term, live(ts)))),
+            Call::Heartbeat if w.writes_fail => ReplyKey::Failed,
+            Call::Heartbeat => match w.row {
+                None => {
+                    w.row = Some((uuid, w.now, 1));
+                    ReplyKey::Applied(1)
+                }
+                Some((u, ts, term)) if u == uuid && live(ts) => {
+                    w.row = Some((uuid, w.now, term));
+                    ReplyKey::Applied(term)
+                }
+                Some((_, ts, term)) if !live(ts) => {
+                    w.row = Some((uuid, w.now, term + 1));
+                    ReplyKey::Applied(term + 1)
+                }
+                Some(_) => ReplyKey::NotApplied,
+            },
+        }
+    }
+
+    fn reply(&self, k: &ReplyKey) -> Reply {
+        match k {
+            ReplyKey::Row(None) => Reply::Read(None),
+            ReplyKey::Row(Some((u, term, live))) => Reply::Read(Some(HolderRow {
+                utype: UTYPE.into(),
+                uuid: Uuid::from_u128(*u),
+                name: String::new(),
+                endpoint: String::new(),
+                term: *term,
+                timeout_ms: self.b.params.timeout.as_millis() as u64,
+                ts_us: 0,
+                age_ms: 0,
+                live: *live,
+            })),
+            ReplyKey::Applied(term) => Reply::Beat(Beat::Applied { ts_us: 0, term: *term }),
+            ReplyKey::NotApplied => Reply::Beat(Beat::NotApplied),
+            ReplyKey::Failed => Reply::Failed("writes fail".into()),
+        }
+    }
+
+    fn active_count(&self, w: &World) -> usize {
+        w.nodes.iter().filter(|n| n.machine.as_ref().is_some_and(|m| m.active_term(self.local(n, w.now)).is_some())).count()
+    }
+
+    /// Every successor of `w`, each with a label for traces.
+    fn successors(&self, w: &World) -> Vec<(String, World)> {
+        let mut out = Vec::new();
+        // Node timers.
+        for i in 0..w.nodes.len() {
+            let n = &w.nodes[i];
+            let Some(m) = &n.machine else { continue };
+            let local = self.local(n, w.now);
+            if local >= m.wake_at() {
+                let mut w2 = w.clone();
+                let fx = w2.nodes[i].machine.as_mut().expect("alive").poll(local);
+                self.apply_effects(&mut w2, i, fx);
+                out.push((format!("t={} node {i} timer", w.now), w2));
+            }
+        }
+        // Messages: deliver, lose, delay.
+        for (k, msg) in w.msgs.iter().enumerate() {
+            if k > 0 && w.msgs[k - 1] == *msg {
+                continue;
+            }
+            let mut w2 = w.clone();
+            let msg = w2.msgs.remove(k);
+            let label = format!("t={} deliver {:?} node {}", w.now, msg.payload, msg.node);
+            match &msg.payload {
+                Payload::Request { call, uuid } => {
+                    let r = self.arbiter(&mut w2, *call, *uuid);
+                    if !w2.nodes[msg.node].cut {
+                        w2.msgs.push(Msg { latest: w2.now, node: msg.node, generation: msg.generation, id: msg.id, payload: Payload::Response(r), delayed: false });
+                    }
+                }
+                Payload::Response(r) => {
+                    let n = &w2.nodes[msg.node];
+                    if n.generation == msg.generation && !n.cut && n.machine.is_some() {
+                        let local = self.local(n, w2.now);
+                        let reply = self.reply(r);
+                        let fx = w2.nodes[msg.node].machine.as_mut().expect("alive").on_reply(local, msg.id, reply);
+                        self.apply_effects(&mut w2, msg.node, fx);
+                    }
+                }
+            }
+            w2.msgs.sort();
+            out.push((label, w2));
+            if w.losses > 0 {
+                let mut w3 = w.clone();
+                w3.msgs.remove(k);
+                w3.losses -= 1;
+                out.push((format!("t={} lose {:?} node {}", w.now, msg.payload, msg.node), w3));
+            }
+            if w.delays > 0 && !msg.delayed {
+                let mut w3 = w.clone();
+                w3.msgs[k].latest = w.now + self.b.max_delay;
+                w3.msgs[k].delayed = true;
+                w3.delays -= 1;
+                w3.msgs.sort();
+                out.push((format!("t={} delay {:?} node {}", w.now, msg.payload, msg.node), w3));
+            }
+        }
+        // Faults strike between instants, when nothing is due: a fault "during" an instant is
+        // the same as one just before or after it, combined with a lost or delayed message.
+        let due = w.msgs.iter().any(|m| m.latest <= w.now) || w.nodes.iter().any(|n| n.machine.as_ref().is_some_and(|m| self.local(n, w.now) >= m.wake_at()));
+        if due {
+            return out;
+        }
+        for i in 0..w.nodes.len() {
+            if w.crashes > 0 && w.nodes[i].machine.is_some() {
+                let mut w2 = w.clone();
+                let n = &mut w2.nodes[i];
+                let local = self.local(n, w.now);
+                n.base_local = local.as_nanos() as u64;
+                n.since = w.now;
+                n.machine = None;
+                w2.crashes -= 1;
+                out.push((format!("t={} crash node {i}", w.now), w2));
+            }
+            if w.nodes[i].machine.is_none() {
+                for r in self.rates() {
+                    let mut w2 = w.clone();
+                    self.start_node(&mut w2, i, r);
+                    out.push((format!("t={} restart node {i} (rate {r}‰) with a new uuid", w.now), w2));
+                }
+            }
+            if w.link_toggles > 0 {
+                let mut w2 = w.clone();
+                w2.nodes[i].cut = !w2.nodes[i].cut;
+                w2.link_toggles -= 1;
+                if w2.nodes[i].cut {
+                    w2.msgs.retain(|m| m.node != i);
+                }
+                out.push((format!("t={} node {i} link {}", w.now, if w2.nodes[i].cut { "cut" } else { "restored" }), w2));
+            }
+        }
+        if w.write_toggles > 0 {
+            let mut w2 = w.clone();
+            w2.writes_fail = !w2.writes_fail;
+            w2.write_toggles -= 1;
+            out.push((format!("t={} arbiter writes {}", w.now, if w2.writes_fail { "start failing" } else { "work again" }), w2));
+        }
+        // Time, when nothing is due.
+        if w.now < self.b.horizon {
+            let mut w2 = w.clone();
+            w2.now += 1;
+            out.push((format!("t={} time passes", w2.now), w2));
+        }
+        out
+    }
+}
+
+/// Explores every behaviour within `b`; stops at the first violation.
+pub fn check(b: Bounds) -> Report {
+    let ex = Explorer { b };
+    let mut seen: HashMap<World, usize> = HashMap::new();
+    let mut parent: Vec<(usize, String)> = Vec::new();
+    let mut queue: VecDeque<(usize, World)> = VecDeque::new();
+    for w in ex.initial() {
+        let rates: Vec<u32> = w.nodes.iter().map(|n| n.rate).collect();
+        let idx = parent.len();
+        parent.push((usize::MAX, format!("start, clock rates {rates:?}‰")));
+        seen.insert(w.clone(), idx);
+        queue.push_back((idx, w));
+    }
+    while let Some((idx, w)) = queue.pop_front() {
+        for (label, next) in ex.successors(&w) {
+            if seen.contains_key(&next) {
+                continue;
+            }
+            let nidx = parent.len();
+            parent.push((idx, label));
+            if ex.active_count(&next) > 1 {
+                let mut trace = Vec::new();
+                let mut at = nidx;
+                while at != usize::MAX {
+                    trace.push(parent[at].1.clone());
+                    at = parent[at].0;
+                }
+                trace.reverse();
+                return Report { states: seen.len(), violation: Some(Counterexample { trace }) };
+            }
+            seen.insert(next.clone(), nidx);
+            queue.push_back((nidx, next));
+            assert!(seen.len() <= ex.b.max_states, "more than {} states: tighten the bounds", ex.b.max_states);
+        }
+    }
+    Report { states: seen.len(), violation: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// I = 1 s, T = 3 s in 500 ms units, clocks 10 % slow or fast, no faults: each scenario
+    /// below adds its own.
+    fn base(rule: LeaseRule) -> Bounds {
+        Bounds {
+            nodes: 2,
+            unit: Duration::from_millis(500),
+            params: Params { interval: Duration::from_secs(1), timeout: Duration::from_secs(3) },
+            horizon: 14,
+            losses: 0,
+            delays: 0,
+            max_delay: 3,
+            crashes: 0,
+            link_toggles: 0,
+            write_toggles: 0,
+            drift_permille: 100,
+            rule,
+            max_states: 4_000_000,
+        }
+    }
+
+    fn holds(name: &str, b: Bounds) -> usize {
+        let r = check(b);
+        eprintln!("{name}: {} states, at most one active", r.states);
+        if let Some(cx) = r.violation {
+            panic!("{name}: two active nodes:\n  {}", cx.trace.join("\n  "));
+        }
+        r.states
+    }
+
+    /// The seed's rule: writes fail while reads still succeed, then the active's link goes.
+    #[test]
+    fn the_seeds_rule_lets_two_nodes_be_active() {
+        let r = check(Bounds { write_toggles: 2, link_toggles: 1, drift_permille: 0, ..base(LeaseRule::SeedReadSendTime) });
+        let cx = r.violation.expect("the checker must find the seed's dual-primary window");
+        eprintln!("seed rule: two active after {} states:\n  {}", r.states, cx.trace.join("\n  "));
+        assert!(cx.trace.iter().any(|s| s.contains("writes start failing")), "{:?}", cx.trace);
+    }
+
+    #[test]
+    fn ours_holds_when_writes_fail_while_reads_succeed_and_links_break() {
+        assert!(holds("writes fail + link cut", Bounds { write_toggles: 2, link_toggles: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+    }
+
+    #[test]
+    fn ours_holds_with_message_loss_and_delay() {
+        assert!(holds("loss + delay", Bounds { losses: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+    }
+
+    #[test]
+    fn ours_holds_with_crash_and_restart_under_a_new_uuid() {
+        assert!(holds("crash + restart", Bounds { crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+    }
+
+    /// Deeper bounds (minutes, ~2 GB): `make model-check`.
+    #[test]
+    #[ignore = "slow; run with `make model-check`"]
+    fn deep_ours_holds_with_more_faults() {
+        holds("deep: 2 losses + 2 delays", Bounds { losses: 2, delays: 2, ..base(LeaseRule::ConfirmedHeartbeat) });
+        holds("deep: crash + delay", Bounds { crashes: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
+        holds("deep: writes + link + loss", Bounds { write_toggles: 2, link_toggles: 2, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
+        holds("deep: three nodes, crash", Bounds { nodes: 3, horizon: 12, crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
+        holds("deep: three nodes, loss + delay", Bounds { nodes: 3, horizon: 10, losses: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
+    }
+
+    #[test]
+    fn ours_holds_with_three_nodes() {
+        assert!(holds("three nodes", Bounds { nodes: 3, horizon: 12, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+    }
+
+    /// The margin is I: a clock so slow that T − I of its seconds outlast T real ones breaks the
+    /// rule, and the checker says so (the bound in the tests above is well inside the margin).
+    #[test]
+    fn drift_beyond_the_margin_is_caught() {
+        let r = check(Bounds { drift_permille: 500, write_toggles: 2, ..base(LeaseRule::ConfirmedHeartbeat) });
+        let cx = r.violation.expect("a clock at half speed turns a 2 s lease into 4 s real: must overlap");
+        eprintln!("drift 50 %: two active after {} states:\n  {}", r.states, cx.trace.join("\n  "));
+    }
+}

@@ -1,0 +1,323 @@
+//! One battery, three real arbiters: the local PostgreSQL (127.0.0.1:5432, database `test`), the
+//! local MariaDB (127.0.0.1:3306, database `test`) and a SQLite file. Every test uses its own
+//! utype, so tests run in parallel on the shared table. Waits for expiry poll the arbiter's own
+//! verdict (`live`) with a deadline instead of sleeping a fixed time.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use twinlease::config::TlsMode;
+use twinlease::election::backend::{AnyBackend, Backend, InitOutcome, mysql::MyBackend, postgres::PgBackend, sqlite::LiteBackend};
+use twinlease::election::{ArbiterError, Beat, Claim, Election, Params, Uuid};
+use twinlease::role::Role;
+
+const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
+const MY_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+fn utype(tag: &str) -> String {
+    format!("test/{tag}/{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), Instant::now().elapsed().as_nanos() % 1000)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Pg,
+    My,
+    Lite,
+}
+
+fn sqlite_url() -> String {
+    // One file per test process, shared by every backend instance in it (as two processes on one
+    // host would share it); utypes keep tests apart.
+    let dir = std::env::temp_dir().join(format!("twinlease-arbiter-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    format!("sqlite://{}/arbiter.db", dir.display())
+}
+
+fn backend(k: Kind) -> AnyBackend {
+    match k {
+        Kind::Pg => AnyBackend::Postgres(PgBackend::new(PG_URL, None, TlsMode::Off, None).unwrap()),
+        Kind::My => AnyBackend::Mysql(MyBackend::new(MY_URL, None, TlsMode::Off, None).unwrap()),
+        Kind::Lite => AnyBackend::Sqlite(LiteBackend::new(&sqlite_url()).unwrap()),
+    }
+}
+
+fn claim(utype: &str, t_ms: u64) -> Claim {
+    let uuid = Uuid::new_v4();
+    Claim { utype: utype.into(), uuid, name: format!("node-{}", &uuid.to_string()[..8]), endpoint: "198.18.0.1".into(), timeout_ms: t_ms }
+}
+
+async fn ready(k: Kind, utype: &str, t_ms: u64) -> AnyBackend {
+    let mut b = backend(k);
+    assert_eq!(b.init(utype, t_ms).await.unwrap(), InitOutcome::Ready);
+    b
+}
+
+async fn wait_expired(b: &mut AnyBackend, utype: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let r = b.read(utype).await.unwrap().expect("row");
+        if !r.live {
+            return;
+        }
+        assert!(start.elapsed() < limit, "row still live after {limit:?}: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn applied_term(b: Beat) -> u64 {
+    match b {
+        Beat::Applied { term, .. } => term,
+        Beat::NotApplied => panic!("expected the heartbeat to apply"),
+    }
+}
+
+async fn insert_renew_and_reject(k: Kind) {
+    let u = utype("basic");
+    let mut b = ready(k, &u, 5000).await;
+    assert_eq!(b.init(&u, 5000).await.unwrap(), InitOutcome::Ready, "init is idempotent");
+    assert_eq!(b.read(&u).await.unwrap(), None);
+    let a = claim(&u, 5000);
+    let first = b.heartbeat(&a).await.unwrap();
+    assert_eq!(applied_term(first), 1, "an absent row is inserted with term 1");
+    let row = b.read(&u).await.unwrap().expect("row");
+    assert!(row.live && row.uuid == a.uuid && row.term == 1 && row.timeout_ms == 5000 && row.name == a.name && row.endpoint == a.endpoint, "{row:?}");
+    assert!((0..2000).contains(&row.age_ms), "age {}", row.age_ms);
+    let Beat::Applied { ts_us: ts1, .. } = first else { unreachable!() };
+    assert_eq!(row.ts_us, ts1, "the ts returned is the ts written");
+    let renew = b.heartbeat(&a).await.unwrap();
+    assert_eq!(applied_term(renew), 1, "a renewal keeps the term");
+    let Beat::Applied { ts_us: ts2, .. } = renew else { unreachable!() };
+    assert!(ts2 >= ts1);
+    // A rival cannot take a live row, and its attempt changes nothing.
+    let rival = claim(&u, 5000);
+    assert_eq!(b.heartbeat(&rival).await.unwrap(), Beat::NotApplied);
+    let after = b.read(&u).await.unwrap().unwrap();
+    assert_eq!((after.uuid, after.term, after.ts_us), (a.uuid, 1, ts2));
+}
+
+async fn takeover_after_expiry(k: Kind) {
+    let u = utype("takeover");
+    let t = 400;
+    let mut b = ready(k, &u, t).await;
+    let a = claim(&u, t);
+    assert_eq!(applied_term(b.heartbeat(&a).await.unwrap()), 1);
+    wait_expired(&mut b, &u, Duration::from_secs(5)).await;
+    let row = b.read(&u).await.unwrap().unwrap();
+    assert!(row.age_ms > t as i64, "{row:?}");
+    let rival = claim(&u, t);
+    assert_eq!(applied_term(b.heartbeat(&rival).await.unwrap()), 2, "take-over bumps the term");
+    assert_eq!(b.heartbeat(&a).await.unwrap(), Beat::NotApplied, "the old holder cannot renew");
+    // A holder that lets its own row expire gets it back only as a new term.
+    wait_expired(&mut b, &u, Duration::from_secs(5)).await;
+    assert_eq!(applied_term(b.heartbeat(&rival).await.unwrap()), 3);
+}
+
+async fn a_different_t_never_renews_nor_takes_over(k: Kind) {
+    let u = utype("tmismatch");
+    let mut b = ready(k, &u, 400).await;
+    let a = claim(&u, 400);
+    b.heartbeat(&a).await.unwrap();
+    let mut other_t = claim(&u, 9000);
+    assert_eq!(b.heartbeat(&other_t).await.unwrap(), Beat::NotApplied);
+    other_t.uuid = a.uuid;
+    assert_eq!(b.heartbeat(&other_t).await.unwrap(), Beat::NotApplied, "not even the holder with another T");
+    match b.init(&u, 9000).await {
+        Err(ArbiterError::TimeoutMismatch { stored_ms: 400, wanted_ms: 9000, .. }) => {}
+        other => panic!("init must refuse to change T of a live row: {other:?}"),
+    }
+    wait_expired(&mut b, &u, Duration::from_secs(5)).await;
+    assert_eq!(b.heartbeat(&claim(&u, 9000)).await.unwrap(), Beat::NotApplied, "expired, but still another T");
+    assert_eq!(b.init(&u, 9000).await.unwrap(), InitOutcome::AdoptedTimeout { old_ms: 400 });
+    assert_eq!(applied_term(b.heartbeat(&claim(&u, 9000)).await.unwrap()), 2);
+}
+
+/// N contenders with their own connections hit an absent row, then an expired one, at once:
+/// exactly one wins each time, and each win is a new term.
+async fn concurrent_takeover_races(k: Kind) {
+    let u = utype("race");
+    let t = 300;
+    let mut b = ready(k, &u, t).await;
+    let n = 12;
+    let mut last_term = 0;
+    for round in 0..4 {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let (u, barrier) = (u.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut b = backend(k);
+                let c = claim(&u, t);
+                b.read(&u).await.unwrap(); // connect before the start line
+                barrier.wait().await;
+                (c.uuid, b.heartbeat(&c).await.unwrap())
+            }));
+        }
+        let mut winners = Vec::new();
+        for task in tasks {
+            let (uuid, beat) = task.await.unwrap();
+            if let Beat::Applied { term, .. } = beat {
+                winners.push((uuid, term));
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one winner, got {winners:?}");
+        let (uuid, term) = winners[0];
+        assert_eq!(term, last_term + 1, "round {round}");
+        last_term = term;
+        let row = b.read(&u).await.unwrap().unwrap();
+        assert_eq!((row.uuid, row.term), (uuid, term));
+        wait_expired(&mut b, &u, Duration::from_secs(5)).await;
+    }
+}
+
+/// Rows idle for decades: no overflow in the age, and they can be taken over.
+async fn long_idle_rows(k: Kind) {
+    let u = utype("idle");
+    let mut b = ready(k, &u, 5000).await;
+    b.heartbeat(&claim(&u, 5000)).await.unwrap();
+    age_row(k, &u, 40).await;
+    let row = b.read(&u).await.unwrap().unwrap();
+    let forty_years_ms = 40 * 365 * 86_400_000i64;
+    assert!(!row.live && row.age_ms >= forty_years_ms && row.age_ms < forty_years_ms + 30 * 86_400_000, "{row:?}");
+    assert_eq!(applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()), 2);
+}
+
+/// Moves the row's ts `years` into the past, straight in the database.
+async fn age_row(k: Kind, utype: &str, years: i64) {
+    match k {
+        Kind::Pg => {
+            let (c, conn) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            c.execute(&format!("UPDATE twinlease_heartbeat SET ts = ts - interval '{years} years' WHERE utype = $1"), &[&utype]).await.unwrap();
+        }
+        Kind::My => {
+            use mysql_async::prelude::Queryable;
+            let mut c = mysql_async::Conn::from_url(MY_URL).await.unwrap();
+            c.exec_drop(format!("UPDATE twinlease_heartbeat SET ts = ts - INTERVAL {years} YEAR WHERE utype = ?"), (utype,)).await.unwrap();
+        }
+        Kind::Lite => {
+            let url = sqlite_url();
+            let c = rusqlite::Connection::open(url.strip_prefix("sqlite://").unwrap()).unwrap();
+            c.busy_timeout(Duration::from_secs(5)).unwrap();
+            c.execute("UPDATE twinlease_heartbeat SET ts = ts - ?2 WHERE utype = ?1", rusqlite::params![utype, years * 365 * 86_400_000_000i64 + 10 * 86_400_000_000]).unwrap();
+        }
+    }
+}
+
+/// Two real election drivers: one becomes active; when it stops, the other takes over within
+/// T + I (+ slack for the test machine); never both at once.
+async fn two_drivers_fail_over(k: Kind) {
+    let u = utype("drivers");
+    let params = Params { interval: Duration::from_millis(100), timeout: Duration::from_millis(500) };
+    ready(k, &u, 500).await;
+    let (a_tx, a_rx) = tokio::sync::watch::channel(Role::Standby);
+    let (b_tx, b_rx) = tokio::sync::watch::channel(Role::Standby);
+    let a = tokio::spawn(Election::new(backend(k), params, &u, "a", "198.18.0.1").run(a_tx, None));
+    let b = tokio::spawn(Election::new(backend(k), params, &u, "b", "198.18.0.2").run(b_tx, None));
+    let start = Instant::now();
+    let first = loop {
+        let (ra, rb) = (a_rx.borrow().is_active(), b_rx.borrow().is_active());
+        assert!(!(ra && rb), "both active");
+        if ra || rb {
+            break if ra { 'a' } else { 'b' };
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "nobody became active");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // Watch for overlap for a few intervals.
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        assert!(!(a_rx.borrow().is_active() && b_rx.borrow().is_active()), "both active");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (dead, survivor) = if first == 'a' { (a, &b_rx) } else { (b, &a_rx) };
+    dead.abort();
+    let died = Instant::now();
+    while !survivor.borrow().is_active() {
+        assert!(died.elapsed() < Duration::from_millis(500 + 100 + 700), "no take-over within T + I + slack");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = died.elapsed();
+    assert!(survivor.borrow().term() == Some(2), "take-over is term 2: {:?}", *survivor.borrow());
+    eprintln!("{k:?}: take-over {took:?} after the active stopped (T = 500 ms, I = 100 ms)");
+}
+
+macro_rules! battery {
+    ($($m:ident: $kind:expr;)*) => {$(
+        mod $m {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn insert_renew_and_reject() { super::insert_renew_and_reject($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn takeover_after_expiry() { super::takeover_after_expiry($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_different_t_never_renews_nor_takes_over() { super::a_different_t_never_renews_nor_takes_over($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_takeover_races() { super::concurrent_takeover_races($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn long_idle_rows() { super::long_idle_rows($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_drivers_fail_over() { super::two_drivers_fail_over($kind).await }
+        }
+    )*};
+}
+
+battery! {
+    postgres: Kind::Pg;
+    mariadb: Kind::My;
+    sqlite: Kind::Lite;
+}
+
+// ---- TLS -----------------------------------------------------------------------------------
+
+/// Debian's PostgreSQL serves TLS with the "snakeoil" certificate (CN and SAN = localhost).
+const SNAKEOIL: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+
+#[tokio::test]
+async fn postgres_tls_require_verifies_the_server_certificate() {
+    if !std::path::Path::new(SNAKEOIL).exists() {
+        eprintln!("SKIP: {SNAKEOIL} absent; the local PostgreSQL has no certificate to verify");
+        return;
+    }
+    let mut b = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Require, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    assert!(b.is_encrypted().await.unwrap(), "the session must be encrypted");
+    let u = utype("tls");
+    b.init(&u, 5000).await.unwrap();
+    assert_eq!(applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()), 1);
+
+    // Prefer also ends up encrypted; off does not.
+    let mut p = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Prefer, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    assert!(p.is_encrypted().await.unwrap());
+    let mut o = PgBackend::new(PG_URL, None, TlsMode::Off, None).unwrap();
+    assert!(!o.is_encrypted().await.unwrap());
+
+    // A certificate for another name, or an untrusted CA, is refused.
+    let mut wrong_name = PgBackend::new("postgres://root@127.0.0.1:5432/test", None, TlsMode::Require, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    let e = wrong_name.read(&u).await.expect_err("127.0.0.1 is not in the certificate");
+    assert!(matches!(e, ArbiterError::Connect(_)), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let other_ca = dir.path().join("other.pem");
+    std::fs::write(&other_ca, std::fs::read_to_string("/etc/ssl/certs/ISRG_Root_X1.pem").unwrap_or_else(|_| std::fs::read_to_string(first_system_ca()).unwrap())).unwrap();
+    let mut untrusted = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Require, Some(&other_ca)).unwrap();
+    let e = untrusted.read(&u).await.expect_err("the snakeoil certificate is not signed by that CA");
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+}
+
+fn first_system_ca() -> std::path::PathBuf {
+    std::fs::read_dir("/etc/ssl/certs").unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "pem") && !p.ends_with("ssl-cert-snakeoil.pem")).expect("a system CA")
+}
+
+#[tokio::test]
+async fn mariadb_without_tls_is_refused_by_require_and_used_by_prefer() {
+    // The local MariaDB has TLS disabled (have_ssl = DISABLED): "require" must fail rather than
+    // fall back; "prefer" connects in plain text.
+    let u = utype("mytls");
+    let mut req = MyBackend::new(MY_URL, None, TlsMode::Require, None).unwrap();
+    let e = req.read(&u).await.expect_err("require must not fall back to plain text");
+    assert!(matches!(e, ArbiterError::Connect(_)), "{e}");
+    let mut pre = MyBackend::new(MY_URL, None, TlsMode::Prefer, None).unwrap();
+    pre.init(&u, 5000).await.unwrap();
+    assert!(!pre.is_encrypted().await.unwrap());
+    assert_eq!(applied_term(pre.heartbeat(&claim(&u, 5000)).await.unwrap()), 1);
+}
