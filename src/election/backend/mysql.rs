@@ -160,8 +160,9 @@ impl Backend for MyBackend {
         if row.live {
             return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
         }
-        // Only an expired row may change T: no box can still be active under the old one.
-        conn.exec_drop(format!("UPDATE {TABLE} SET timeout_ms = ? WHERE utype = ? AND timeout_ms = ? AND {AGE_US} > timeout_ms * 1000"), (timeout_ms as i64, utype, row.timeout_ms as i64))
+        // Only an expired row may change T: no box can still be active under the old one. Its ts
+        // moves back by the new T so that it stays expired under the new T as well.
+        conn.exec_drop(format!("UPDATE {TABLE} SET ts = ts - INTERVAL ? * 1000 MICROSECOND, timeout_ms = ? WHERE utype = ? AND timeout_ms = ? AND {AGE_US} > timeout_ms * 1000"), (timeout_ms as i64, timeout_ms as i64, utype, row.timeout_ms as i64))
             .await
             .map_err(|e| ArbiterError::Query(my_err(e)))?;
         if conn.affected_rows() == 0 {

@@ -203,10 +203,11 @@ impl Backend for PgBackend {
         if row.live {
             return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
         }
-        // Only an expired row may change T: no box can still be active under the old one.
+        // Only an expired row may change T: no box can still be active under the old one. Its ts
+        // moves back by the new T so that it stays expired under the new T as well.
         let n = conn
             .client
-            .execute(&format!("UPDATE {TABLE} SET timeout_ms = $2 WHERE utype = $1 AND timeout_ms = $3 AND now() - ts > timeout_ms * interval '1 millisecond'"), &[&utype, &(timeout_ms as i64), &(row.timeout_ms as i64)])
+            .execute(&format!("UPDATE {TABLE} SET timeout_ms = $2, ts = ts - $2::bigint * interval '1 millisecond' WHERE utype = $1 AND timeout_ms = $3 AND now() - ts > timeout_ms * interval '1 millisecond'"), &[&utype, &(timeout_ms as i64), &(row.timeout_ms as i64)])
             .await
             .map_err(|e| ArbiterError::Query(pg_err(e)))?;
         if n == 0 {

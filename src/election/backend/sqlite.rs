@@ -125,7 +125,7 @@ impl Backend for LiteBackend {
             let n = if row.live {
                 0
             } else {
-                c.execute(&format!("UPDATE {TABLE} SET timeout_ms = ?2 WHERE utype = ?1 AND timeout_ms = ?3 AND {NOW_US} - ts > timeout_ms * 1000"), params![utype, timeout_ms as i64, row.timeout_ms as i64]).map_err(lite_err)?
+                c.execute(&format!("UPDATE {TABLE} SET timeout_ms = ?2, ts = ts - ?2 * 1000 WHERE utype = ?1 AND timeout_ms = ?3 AND {NOW_US} - ts > timeout_ms * 1000"), params![utype, timeout_ms as i64, row.timeout_ms as i64]).map_err(lite_err)?
             };
             if n == 0 {
                 return Err(ArbiterError::TimeoutMismatch { utype, stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
