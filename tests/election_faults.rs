@@ -1,0 +1,343 @@
+//! Fault tests with real processes: two twinlease nodes, each in its own network namespace, and
+//! a throwaway PostgreSQL arbiter in a third, joined by a bridge. Faults: kill -9 of the active,
+//! the active's link to the arbiter going down, writes failing (privilege revoked) and then the
+//! link going down too (the seed's dual-primary scenario), and the arbiter stalled by SIGSTOP.
+//!
+//! Every node logs its role changes with CLOCK_MONOTONIC stamps — one kernel clock for every
+//! namespace — and the lease end it holds. From the logs each test builds each node's active
+//! intervals and asserts that no two overlap, and that a take-over after the active's death or
+//! isolation comes within T + I + 1 s.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const I_MS: u64 = 500;
+const T_MS: u64 = 2000;
+const ARBITER_IP: &str = "198.18.10.1";
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A PostgreSQL instance of its own in namespace `ns`, listening on ARBITER_IP; stopped (with
+/// everything else in the namespace) when the namespace is dropped.
+struct PgArbiter {
+    ns: Netns,
+    _dir: tempfile::TempDir,
+    child: Child,
+    log: PathBuf,
+}
+
+impl PgArbiter {
+    fn start(ns: Netns) -> PgArbiter {
+        let dir = tempfile::Builder::new().prefix("tl-pg-").tempdir().unwrap();
+        let pg = nix::unistd::User::from_name("postgres").unwrap().expect("a postgres user (Debian package postgresql)");
+        std::os::unix::fs::chown(dir.path(), Some(pg.uid.as_raw()), Some(pg.gid.as_raw())).unwrap();
+        let data = dir.path().join("data");
+        run(Command::new("runuser").args(["-u", "postgres", "--", &format!("{PG_BIN}/initdb"), "-D"]).arg(&data).args(["--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]).stdout(Stdio::null()));
+        let hba = data.join("pg_hba.conf");
+        let mut text = std::fs::read_to_string(&hba).unwrap();
+        text.push_str("host all all 198.18.0.0/15 trust\n");
+        std::fs::write(&hba, text).unwrap();
+        let log = dir.path().join("postgres.log");
+        let child = ns
+            .cmd("runuser")
+            .args(["-u", "postgres", "--", &format!("{PG_BIN}/postgres"), "-D"])
+            .arg(&data)
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-c", &format!("listen_addresses={ARBITER_IP}"), "-c", "fsync=off", "-c", "max_connections=30", "-c", "shared_buffers=16MB"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let a = PgArbiter { ns, _dir: dir, child, log };
+        wait_for("the arbiter's PostgreSQL to accept connections", Duration::from_secs(30), || {
+            a.ns.cmd(&format!("{PG_BIN}/pg_isready")).args(["-q", "-h", ARBITER_IP]).status().unwrap().success().then_some(())
+        });
+        // The role twinlease connects as; it may create its table (`twinlease arbiter init`).
+        a.psql("CREATE ROLE twinlease LOGIN; GRANT CREATE ON SCHEMA public TO twinlease;");
+        a
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        let out = run(self.ns.cmd("psql").args(["-h", ARBITER_IP, "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-Atc", sql]));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// SIGSTOP / SIGCONT every process of the instance.
+    fn signal_all(&self, sig: &str) {
+        // From outside the namespace: a shell inside it would be one of the pids it stops.
+        sh(&format!("ip netns pids {} | xargs -r kill -{sig}", self.ns.name));
+    }
+}
+
+impl Drop for PgArbiter {
+    fn drop(&mut self) {
+        self.signal_all("CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("arbiter log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+    }
+}
+
+/// One twinlease box: its namespace (linked to the arbiter's bridge) and the daemon.
+struct Node {
+    name: String,
+    ns: Netns,
+    iface: String,
+    dir: tempfile::TempDir,
+    srv: Option<Server>,
+    killed_at: Option<u64>,
+}
+
+/// The arbiter namespace with its bridge, and `n` nodes attached to it.
+fn lab(n: usize) -> (PgArbiter, Vec<Node>) {
+    let arb_ns = Netns::new("a");
+    let bridge = format!("br{}", unique(""));
+    arb_ns.ip(&format!("link add {bridge} type bridge"));
+    arb_ns.ip(&format!("addr add {ARBITER_IP}/24 dev {bridge}"));
+    arb_ns.ip(&format!("link set {bridge} up"));
+    let mut nodes = Vec::new();
+    for k in 0..n {
+        let ns = Netns::new("n");
+        let (outer, inner) = (unique("o"), unique("i"));
+        run(Command::new("ip").args(["link", "add", &outer, "netns", &arb_ns.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
+        arb_ns.ip(&format!("link set {outer} master {bridge} up"));
+        ns.ip(&format!("addr add 198.18.10.{}/24 dev {inner}", k + 2));
+        ns.ip(&format!("link set {inner} up"));
+        nodes.push(Node { name: format!("box{}", k + 1), ns, iface: inner, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None });
+    }
+    (PgArbiter::start(arb_ns), nodes)
+}
+
+impl Node {
+    fn config(&self) -> PathBuf {
+        let path = self.dir.path().join("twinlease.toml");
+        let text = format!(
+            "[node]\nname = \"{name}\"\nstate_dir = \"{state}\"\n\
+             [dhcp]\ninterfaces = []\nlisten_relayed = true\nping_check = false\n\
+             [[subnet]]\ncidr = \"198.18.20.0/24\"\npools = [\"198.18.20.10-198.18.20.50\"]\n\
+             [arbiter]\nurl = \"postgres://twinlease@{ARBITER_IP}:5432/postgres\"\nutype = \"branch-test/dhcp\"\n\
+             interval_ms = {I_MS}\ntimeout_ms = {T_MS}\ntls = \"off\"\nendpoint = \"{name}.branch.example\"\n",
+            name = self.name,
+            state = self.dir.path().join("state").display()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn start(&mut self) {
+        let cfg = self.config();
+        let filter = "info,twinlease::election=debug";
+        self.srv = Some(Server::start_with(&self.ns, self.dir.path(), &cfg, &[("RUST_LOG", filter)]));
+    }
+
+    fn kill9(&mut self) {
+        self.killed_at = Some(mono_ns());
+        self.srv.as_mut().unwrap().kill9();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Whether the last role change in the log is to active.
+    fn logged_active(&self) -> bool {
+        self.log().lines().filter(|l| l.contains("role change")).next_back().is_some_and(|l| l.contains("role=\"active\""))
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = run(self.ns.cmd(BIN).args(args).arg("--config").arg(self.config()));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn link(&self, up: bool) {
+        self.ns.ip(&format!("link set {} {}", self.iface, if up { "up" } else { "down" }));
+    }
+}
+
+fn field(line: &str, key: &str) -> Option<u64> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Active intervals [start, end) in CLOCK_MONOTONIC ns, from one node's log. The end is the
+/// earliest of: the logged demotion, the last lease end it logged, its death, `now`.
+fn intervals(log: &str, killed_at: Option<u64>, now: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let mut open: Option<(u64, u64, u64)> = None; // start, until, term
+    let close = |o: (u64, u64, u64), end: u64, out: &mut Vec<(u64, u64, u64)>| out.push((o.0, end.min(o.1), o.2));
+    for l in log.lines() {
+        if l.contains("role change") && l.contains("role=\"active\"") {
+            if let Some(o) = open.take() {
+                close(o, field(l, "mono_ns").unwrap(), &mut out);
+            }
+            open = Some((field(l, "mono_ns").unwrap(), field(l, "until_mono_ns").unwrap(), field(l, "term").unwrap()));
+        } else if l.contains("lease renewed") {
+            if let Some(o) = open.as_mut() {
+                o.1 = field(l, "until_mono_ns").unwrap();
+            }
+        } else if l.contains("role change") && l.contains("role=\"standby\"") {
+            if let Some(o) = open.take() {
+                close(o, field(l, "mono_ns").unwrap(), &mut out);
+            }
+        }
+    }
+    if let Some(o) = open {
+        close(o, killed_at.unwrap_or(now).min(now), &mut out);
+    }
+    out
+}
+
+/// Asserts that no two nodes were ever active at once; returns every interval by node.
+fn assert_no_overlap(nodes: &[Node]) -> Vec<(String, u64, u64, u64)> {
+    let now = mono_ns();
+    let mut all: Vec<(String, u64, u64, u64)> = Vec::new();
+    for n in nodes {
+        for (s, e, t) in intervals(&n.log(), n.killed_at, now) {
+            all.push((n.name.clone(), s, e, t));
+        }
+    }
+    all.sort_by_key(|x| x.1);
+    for w in all.windows(2) {
+        assert!(w[0].2 <= w[1].1, "active intervals overlap by {} ms: {:?} and {:?}\n{}", (w[0].2 - w[1].1) / 1_000_000, w[0], w[1], logs(nodes));
+    }
+    all
+}
+
+fn logs(nodes: &[Node]) -> String {
+    nodes.iter().map(|n| format!("---- {} ----\n{}", n.name, n.log())).collect::<Vec<_>>().join("\n")
+}
+
+fn wait_active(nodes: &[Node], limit: Duration) -> usize {
+    wait_for("a node to become active", limit, || nodes.iter().position(Node::logged_active))
+}
+
+/// When `node` last became active (CLOCK_MONOTONIC ns).
+fn promoted_at(node: &Node) -> u64 {
+    node.log().lines().filter(|l| l.contains("role change") && l.contains("role=\"active\"")).next_back().and_then(|l| field(l, "mono_ns")).unwrap()
+}
+
+fn start_pair() -> (PgArbiter, Vec<Node>, usize) {
+    let (arb, mut nodes) = lab(2);
+    let init = nodes[0].cli(&["arbiter", "init"]);
+    assert!(init.contains("arbiter ready"), "{init}");
+    nodes[0].start();
+    nodes[1].start();
+    let a = wait_active(&nodes, Duration::from_secs(10));
+    // Let it settle for a few intervals; the other must stay standby.
+    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    assert!(!nodes[1 - a].logged_active(), "both active:\n{}", logs(&nodes));
+    (arb, nodes, a)
+}
+
+const BOUND_NS: u64 = (T_MS + I_MS + 1000) * 1_000_000;
+
+#[test]
+fn kill_9_of_the_active_fails_over_within_t_plus_i() {
+    let (_arb, mut nodes, a) = start_pair();
+    let b = 1 - a;
+    let who = nodes[b].cli(&["whois"]);
+    assert!(who.contains(&format!("primary {} at {}.branch.example", nodes[a].name, nodes[a].name)), "{who}");
+    nodes[a].kill9();
+    let died = nodes[a].killed_at.unwrap();
+    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    let took = promoted_at(&nodes[b]) - died;
+    eprintln!("TAKEOVER kill -9: {} ms after the active died (T = {T_MS} ms, I = {I_MS} ms)", took / 1_000_000);
+    assert!(took <= BOUND_NS, "take-over took {} ms > T + I + 1 s\n{}", took / 1_000_000, logs(&nodes));
+    let who = nodes[a].cli(&["whois", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&who).unwrap();
+    assert_eq!(v["primary"], nodes[b].name.as_str(), "{who}");
+    assert_eq!(v["term"], 2);
+    // The killed box comes back with a new uuid and must stay standby.
+    nodes[a].killed_at = None;
+    let old_log_len = nodes[a].log().len();
+    nodes[a].start();
+    std::thread::sleep(Duration::from_millis(4 * I_MS));
+    assert!(!nodes[a].log()[old_log_len..].contains("role=\"active\""), "the restarted box took over:\n{}", logs(&nodes));
+    nodes[a].killed_at = Some(died); // its earlier life ended at the kill
+    assert_no_overlap(&nodes);
+}
+
+#[test]
+fn the_active_losing_its_link_stops_before_the_other_starts() {
+    let (_arb, nodes, a) = start_pair();
+    let b = 1 - a;
+    let cut = mono_ns();
+    nodes[a].link(false);
+    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    let took = promoted_at(&nodes[b]) - cut;
+    eprintln!("TAKEOVER link down: {} ms after the active's link went down", took / 1_000_000);
+    assert!(took <= BOUND_NS, "take-over took {} ms", took / 1_000_000);
+    wait_for("the isolated box to demote itself", Duration::from_secs(5), || (!nodes[a].logged_active()).then_some(()));
+    // Back online: it finds the other in charge and stays standby.
+    nodes[a].link(true);
+    std::thread::sleep(Duration::from_millis(4 * I_MS));
+    assert!(!nodes[a].logged_active() && nodes[b].logged_active(), "{}", logs(&nodes));
+    assert_no_overlap(&nodes);
+}
+
+/// The seed's failure: writes fail while reads still succeed, then the active's link goes too,
+/// then writes come back. The active must have stopped by the time the other can start.
+#[test]
+fn writes_failing_then_the_link_going_keeps_one_active() {
+    let (arb, nodes, a) = start_pair();
+    let b = 1 - a;
+    arb.psql("REVOKE INSERT, UPDATE ON twinlease_heartbeat FROM twinlease;");
+    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    nodes[a].link(false);
+    arb.psql("GRANT INSERT, UPDATE ON twinlease_heartbeat TO twinlease;");
+    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    let all = assert_no_overlap(&nodes);
+    let first_end = all.iter().find(|x| x.0 == nodes[a].name).map(|x| x.2).unwrap();
+    let second_start = all.iter().find(|x| x.0 == nodes[b].name).map(|x| x.1).unwrap();
+    eprintln!("GAP writes-failing: the old active stopped {} ms before the new one started", (second_start - first_end) / 1_000_000);
+    nodes[a].link(true);
+}
+
+/// The arbiter freezes (SIGSTOP) for longer than T: the active must stop serving on its own,
+/// and after the arbiter resumes exactly one box serves.
+#[test]
+fn a_stalled_arbiter_silences_the_active_then_one_box_resumes() {
+    let (arb, nodes, a) = start_pair();
+    let stalled = mono_ns();
+    arb.signal_all("STOP");
+    wait_for("the active to demote itself", Duration::from_millis(T_MS + 2000), || (!nodes[a].logged_active()).then_some(()));
+    let demoted = nodes[a].log().lines().filter(|l| l.contains("role=\"standby\"")).next_back().and_then(|l| field(l, "mono_ns")).unwrap();
+    eprintln!("STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)", (demoted - stalled) / 1_000_000, T_MS - I_MS);
+    assert!(demoted - stalled <= (T_MS - I_MS + 300) * 1_000_000);
+    std::thread::sleep(Duration::from_millis(T_MS));
+    assert!(nodes.iter().all(|n| !n.logged_active()), "someone active while the arbiter is frozen:\n{}", logs(&nodes));
+    arb.signal_all("CONT");
+    wait_active(&nodes, Duration::from_millis(T_MS + I_MS + 5000));
+    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    assert_no_overlap(&nodes);
+    assert_eq!(nodes.iter().filter(|n| n.logged_active()).count(), 1);
+}
+
+#[test]
+fn a_different_t_on_one_box_is_refused_at_start_up() {
+    let (_arb, nodes, a) = start_pair();
+    let b = 1 - a;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("other-t.toml");
+    let text = std::fs::read_to_string(nodes[b].config()).unwrap().replace(&format!("timeout_ms = {T_MS}"), "timeout_ms = 9000");
+    std::fs::write(&cfg, text).unwrap();
+    let out = nodes[b].ns.cmd(BIN).args(["run", "--config"]).arg(&cfg).env("TWINLEASE_LOG_STDERR", "1").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("has T = {T_MS} ms but this box has timeout_ms = 9000")), "{err}");
+    assert_no_overlap(&nodes);
+}
