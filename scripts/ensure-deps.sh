@@ -19,5 +19,9 @@ if ((${#missing[@]})); then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# Further set-up steps (services, databases) that are idempotent and quick when done.
+for hook in "$here"/deps.d/*.sh; do
+    [[ -e "$hook" ]] && bash "$hook"
+done
 # Rust toolchain and cargo are the machine's; nothing to fetch here.
 command -v cargo >/dev/null || { echo "cargo is required (rustup)"; exit 1; }
