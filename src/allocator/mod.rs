@@ -21,6 +21,7 @@
 
 mod choose;
 mod reaper;
+mod replica;
 #[cfg(test)]
 mod tests;
 
@@ -68,6 +69,9 @@ struct Slot {
     subnet: SubnetId,
     /// Index into `reservations` if this address is reserved (never in the dynamic queue).
     reserved: Option<usize>,
+    /// The version of this binding the partner is known to hold (synced iff equal to
+    /// `b.version`); mirrors the store's `peer_synced_version`.
+    synced: u64,
 }
 
 /// Why a transition could not be applied.
@@ -124,14 +128,14 @@ impl Allocator {
             for id in &r.client_ids {
                 a.by_client_id.insert(id.clone().into(), i);
             }
-            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i) });
+            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i), synced: 0 });
         }
         for (sid, s) in config.subnets.iter().enumerate() {
             for addr in s.dynamic_addresses() {
                 if a.slots.contains_key(&addr) {
                     continue; // reserved: never handed out dynamically
                 }
-                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None });
+                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None, synced: 0 });
                 a.free[sid].insert((0, addr));
             }
         }
@@ -244,7 +248,7 @@ impl Allocator {
     }
 
     /// Replaces a slot's binding and keeps every index in step with it.
-    fn install(&mut self, new: Binding) {
+    pub(crate) fn install(&mut self, new: Binding) {
         let addr = new.addr;
         let Some(slot) = self.slots.get_mut(&addr) else { return };
         let old = std::mem::replace(&mut slot.b, new);

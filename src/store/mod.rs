@@ -7,6 +7,7 @@
 //! `leases` command, status displays) open their own read-only connections.
 
 mod schema;
+mod sync;
 #[cfg(test)]
 mod tests;
 pub mod writer;
@@ -19,7 +20,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 
 use crate::lease::{Binding, ClientKey, LeaseState, Transition};
 
-pub use writer::{StoreWriter, WriterEvent};
+pub use sync::{ConflictKind, ConflictRecord};
+pub use writer::{Batch, StoreWriter, WriterEvent};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -180,6 +182,12 @@ impl LeaseStore {
 
     /// Applies a batch of transitions in one transaction, all or nothing.
     pub fn commit(&mut self, batch: &[&Transition]) -> Result<(), StoreError> {
+        self.commit_with(batch, &[], &[])
+    }
+
+    /// Applies transitions, then sync marks (each only if its row is at that version), then
+    /// conflict records, in one transaction, all or nothing.
+    pub fn commit_with(&mut self, batch: &[&Transition], marks: &[(Ipv4Addr, u64)], conflicts: &[ConflictRecord]) -> Result<(), StoreError> {
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
@@ -206,7 +214,12 @@ impl LeaseStore {
                     return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
                 }
             }
+            let mut mark = tx.prepare_cached("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2")?;
+            for (addr, version) in marks {
+                mark.execute(params![u32::from(*addr), *version as i64])?;
+            }
         }
+        Self::insert_conflicts(&tx, conflicts)?;
         tx.commit()?;
         Ok(())
     }

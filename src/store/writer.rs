@@ -17,14 +17,29 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::{LeaseStore, StoreError, StoredBinding};
+use super::{ConflictRecord, LeaseStore, StoreError, StoredBinding};
 use crate::lease::Transition;
 
 /// Runs on the writer thread after the job's transitions are durable.
 pub type AfterCommit = Box<dyn FnOnce() + Send>;
 
+/// Everything one job makes durable together: lease changes, then sync marks (each applied
+/// only if its row is still at that version), then conflict records.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub transitions: Vec<Transition>,
+    pub marks: Vec<(std::net::Ipv4Addr, u64)>,
+    pub conflicts: Vec<ConflictRecord>,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.transitions.len() + self.marks.len() + self.conflicts.len()
+    }
+}
+
 pub enum Job {
-    Commit { transitions: Vec<Transition>, after: Option<AfterCommit> },
+    Commit { batch: Batch, after: Option<AfterCommit> },
     /// Reply with everything on disk; clears the failed state.
     Resync(oneshot::Sender<Result<Vec<StoredBinding>, StoreError>>),
     /// Run a closure with the store on the writer thread (reads for status, sync marks).
@@ -76,8 +91,13 @@ impl StoreWriter {
 
     /// Queues transitions; `after` runs once they are durable (never, if the commit fails).
     pub fn commit(&self, transitions: Vec<Transition>, after: Option<AfterCommit>) {
+        self.commit_batch(Batch { transitions, ..Batch::default() }, after);
+    }
+
+    /// Queues a batch; `after` runs once it is durable (never, if the commit fails).
+    pub fn commit_batch(&self, batch: Batch, after: Option<AfterCommit>) {
         // A send only fails once the thread is gone, i.e. during shutdown.
-        let _ = self.tx.send(Job::Commit { transitions, after });
+        let _ = self.tx.send(Job::Commit { batch, after });
     }
 
     pub async fn resync(&self) -> Result<Vec<StoredBinding>, StoreError> {
@@ -114,12 +134,12 @@ fn run(mut store: LeaseStore, rx: mpsc::Receiver<Job>, events: tokio::sync::mpsc
             }
         }
         stats.busy.store(true, Ordering::Relaxed);
-        let mut commits: Vec<(Vec<Transition>, Option<AfterCommit>)> = Vec::new();
+        let mut commits: Vec<(Batch, Option<AfterCommit>)> = Vec::new();
         for job in group.drain(..) {
             match job {
-                Job::Commit { transitions, after } => {
+                Job::Commit { batch, after } => {
                     if !failed {
-                        commits.push((transitions, after));
+                        commits.push((batch, after));
                     }
                 }
                 other => {
@@ -143,14 +163,17 @@ fn run(mut store: LeaseStore, rx: mpsc::Receiver<Job>, events: tokio::sync::mpsc
 }
 
 /// Commits the pending group; returns the new "failed" state.
-fn flush(store: &mut LeaseStore, commits: &mut Vec<(Vec<Transition>, Option<AfterCommit>)>, events: &tokio::sync::mpsc::UnboundedSender<WriterEvent>, stats: &WriterStats, failed: bool) -> bool {
+fn flush(store: &mut LeaseStore, commits: &mut Vec<(Batch, Option<AfterCommit>)>, events: &tokio::sync::mpsc::UnboundedSender<WriterEvent>, stats: &WriterStats, failed: bool) -> bool {
     if commits.is_empty() || failed {
         commits.clear();
         return failed;
     }
-    let all: Vec<&Transition> = commits.iter().flat_map(|(ts, _)| ts.iter()).collect();
+    let all: Vec<&Transition> = commits.iter().flat_map(|(b, _)| b.transitions.iter()).collect();
+    let marks: Vec<(std::net::Ipv4Addr, u64)> = commits.iter().flat_map(|(b, _)| b.marks.iter().copied()).collect();
+    let conflicts: Vec<ConflictRecord> = commits.iter().flat_map(|(b, _)| b.conflicts.iter().cloned()).collect();
     let t0 = Instant::now();
-    let result = if all.is_empty() { Ok(()) } else { store.commit(&all) };
+    let empty = commits.iter().all(|(b, _)| b.len() == 0);
+    let result = if empty { Ok(()) } else { store.commit_with(&all, &marks, &conflicts) };
     let n = all.len() as u64;
     match result {
         Ok(()) => {
