@@ -106,6 +106,11 @@ impl StoreWriter {
         rx.await.unwrap_or_else(|_| Err(StoreError::Sql(rusqlite::Error::InvalidQuery)))
     }
 
+    /// Queues `f` to run on the writer thread, in order with the commits around it.
+    pub fn exec(&self, f: impl FnOnce(&mut LeaseStore) + Send + 'static) {
+        let _ = self.tx.send(Job::With(Box::new(f)));
+    }
+
     /// Runs `f` on the writer thread and returns its result.
     pub async fn with<T: Send + 'static>(&self, f: impl FnOnce(&mut LeaseStore) -> T + Send + 'static) -> Option<T> {
         let (tx, rx) = oneshot::channel();
