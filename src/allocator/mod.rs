@@ -272,8 +272,16 @@ impl Allocator {
                 self.by_client.remove(&key);
             }
         }
-        if let Some(n) = &new.owner {
-            self.by_client.insert((subnet, n.clone()), addr);
+        if let Some(n) = new.owner.clone() {
+            let busy = new.state.is_busy();
+            let key = (subnet, n);
+            // A free binding remembers its last client (affinity) but must not hide a busy
+            // binding the client holds elsewhere (lease sync frees a client's losing address).
+            let holds_other = !busy
+                && self.by_client.get(&key).is_some_and(|a| *a != addr && self.slots.get(a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(&key.1)));
+            if !holds_other {
+                self.by_client.insert(key, addr);
+            }
         }
     }
 
@@ -283,6 +291,7 @@ impl Allocator {
         let mut new = old.clone();
         edit(&mut new);
         new.version = old.version + 1;
+        new.seq = old.seq + 1;
         new.term = self.term;
         let t = Transition { expect_version: old.version, expect_owner: old.owner.clone(), new };
         self.install(t.new.clone());

@@ -185,12 +185,8 @@ impl Engine {
             Action::Send(m) => peer.link.send(session, m),
             Action::Close(reason) => peer.link.close(session, reason),
             Action::Apply { batch, kind, entries } => {
-                let now = unix_now();
                 let mut merged = Merged::default();
-                let results: Vec<EntryResult> = entries
-                    .iter()
-                    .map(|e| EntryResult { addr: e.addr, version: e.version, outcome: merge::merge(&mut self.alloc, e, kind, now, &mut merged) })
-                    .collect();
+                let results = merge::apply_batch(&mut self.alloc, &entries, kind, unix_now(), &mut merged);
                 let applied = results.iter().filter(|r| r.outcome == EntryOutcome::Applied).count();
                 peer.stats.applied.fetch_add(applied as u64, Ordering::Relaxed);
                 if kind == UpdateKind::Live {
@@ -198,37 +194,22 @@ impl Engine {
                         tracing::debug!(address = %e.addr, state = e.state.name(), term = e.term, "partner's lease change applied");
                     }
                 }
-                let (tx, session) = (peer.applied_tx.clone(), session);
+                let resend: Vec<std::net::Ipv4Addr> = merged.transitions.iter().map(|t| t.new.addr).collect();
+                let tx = peer.applied_tx.clone();
                 let reply = Applied { session, batch, results };
                 self.commit_merged(merged, Some(Box::new(move || {
                     let _ = tx.send(reply);
                 })));
+                self.resend_unsynced(resend);
             }
             Action::Settle(results) => {
-                let now = unix_now();
-                let mut merged = Merged::default();
-                let mut resend = Vec::new();
-                for r in results {
-                    match r.outcome {
-                        EntryOutcome::Applied => {
-                            if self.alloc.mark_synced(r.addr, r.version) {
-                                merged.marks.push((r.addr, r.version));
-                            }
-                        }
-                        EntryOutcome::Superseded(b) => {
-                            if let EntryOutcome::Superseded(_) = merge::merge(&mut self.alloc, &b, UpdateKind::Repair, now, &mut merged) {
-                                resend.push(r.addr); // ours wins after all: the partner needs it
-                            }
-                        }
-                        EntryOutcome::Unknown => {
-                            tracing::warn!(address = %r.addr, "the partner does not manage this address; the two boxes' pools differ");
-                            if self.alloc.mark_synced(r.addr, r.version) {
-                                merged.marks.push((r.addr, r.version));
-                            }
-                        }
+                for r in &results {
+                    if r.outcome == EntryOutcome::Unknown {
+                        tracing::warn!(address = %r.addr, "the partner does not manage this address; the two boxes' pools differ");
                     }
                 }
-                resend.extend(merged.transitions.iter().map(|t| t.new.addr));
+                let mut merged = Merged::default();
+                let resend = merge::settle(&mut self.alloc, results, unix_now(), &mut merged);
                 self.commit_merged(merged, None);
                 self.resend_unsynced(resend);
             }

@@ -79,7 +79,7 @@ pub struct LeaseStore {
     conn: Connection,
 }
 
-const COLUMNS: &str = "addr, state, owner, expires, cltt, version, term, hw, hostname, peer_synced_version";
+const COLUMNS: &str = "addr, state, owner, expires, cltt, version, term, hw, hostname, peer_synced_version, seq";
 
 impl LeaseStore {
     /// Opens (creating if needed) the database at `path`. A file that is not a sound SQLite
@@ -191,15 +191,15 @@ impl LeaseStore {
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(addr) DO NOTHING",
+                "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT(addr) DO NOTHING",
             )?;
             let mut update = tx.prepare_cached(
-                "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9 WHERE addr = ?1 AND version = ?10 AND owner IS ?11",
+                "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9, seq = ?10 WHERE addr = ?1 AND version = ?11 AND owner IS ?12",
             )?;
             for t in batch {
                 let b = &t.new;
                 let owner = b.owner.as_ref().map(ClientKey::as_bytes);
-                let base = params![u32::from(b.addr), b.state.code(), owner, b.expires as i64, b.cltt as i64, b.version as i64, b.term as i64, &b.hw, &b.hostname];
+                let base = params![u32::from(b.addr), b.state.code(), owner, b.expires as i64, b.cltt as i64, b.version as i64, b.term as i64, &b.hw, &b.hostname, b.seq as i64];
                 let changed = if t.expect_version == 0 {
                     insert.execute(base)?
                 } else {
@@ -254,6 +254,7 @@ fn row_to_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<StoredBindin
             term: r.get::<_, i64>(6)? as u64,
             hw: r.get(7)?,
             hostname: r.get(8)?,
+            seq: r.get::<_, i64>(10)? as u64,
         },
         peer_synced_version: r.get::<_, i64>(9)? as u64,
     }))

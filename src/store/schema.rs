@@ -18,9 +18,11 @@ const MIGRATIONS: &[&str] = &[
         peer_synced_version INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX lease_unsynced ON lease(addr) WHERE peer_synced_version != version;",
-    // 2: lease sync. `meta` holds this store's random identity and the identity of the partner
-    // store the sync marks refer to; `conflict` keeps both sides of every resolved conflict.
-    "CREATE TABLE meta (
+    // 2: lease sync. `seq` is a binding's causal counter (see `Binding::seq`); `meta` holds this
+    // store's random identity and the identity of the partner store the sync marks refer to;
+    // `conflict` keeps both sides of every resolved conflict.
+    "ALTER TABLE lease ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE meta (
         key TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     );

@@ -18,6 +18,7 @@ fn leased(addr: u8, client: u8, version: u64, expect: Option<u8>) -> Transition 
             cltt: 10 * version,
             version,
             term: 3,
+            seq: version,
             hw: vec![2, 0, 0, 0, 0, client],
             hostname: Some(format!("host{client}")),
         },

@@ -1,7 +1,9 @@
 //! The conflict rule (seed 003's "CONFLICT – TODO"), and how a binding from the partner is
 //! merged into this box's table.
 //!
-//! Every binding has a rank: (term, cltt), then a fixed tie-break on content. Higher rank wins.
+//! Every binding has a rank: (term, cltt), then the address's causal counter `seq` (so a change
+//! outranks the one it replaced even within the same second), then a fixed tie-break on
+//! content. Higher rank wins.
 //! The rule is a pure function of the two contents, so both boxes pick the same winner whatever
 //! order the updates arrive in, and a stale copy sent again can never beat what replaced it.
 //!
@@ -22,7 +24,7 @@ use crate::allocator::Allocator;
 use crate::lease::{Binding, LeaseState, Transition, UnixSecs};
 use crate::store::{ConflictKind, ConflictRecord};
 
-use super::protocol::{EntryOutcome, UpdateKind};
+use super::protocol::{EntryOutcome, EntryResult, UpdateKind};
 
 /// Ties on (term, cltt) prefer a free binding: the reaper and a withdrawn offer change an
 /// address without a new client transaction, and must beat the binding they end.
@@ -38,8 +40,8 @@ fn state_rank(s: LeaseState) -> u8 {
 
 /// The conflict rule's total order on binding contents (the local version is not content).
 pub fn rank(a: &Binding, b: &Binding) -> Ordering {
-    (a.term, a.cltt, state_rank(a.state), a.expires)
-        .cmp(&(b.term, b.cltt, state_rank(b.state), b.expires))
+    (a.term, a.cltt, a.seq, state_rank(a.state), a.expires)
+        .cmp(&(b.term, b.cltt, b.seq, state_rank(b.state), b.expires))
         .then_with(|| a.owner.cmp(&b.owner))
         .then_with(|| a.hw.cmp(&b.hw))
         .then_with(|| a.hostname.cmp(&b.hostname))
@@ -47,7 +49,7 @@ pub fn rank(a: &Binding, b: &Binding) -> Ordering {
 
 /// Same replicated content (everything but the version).
 pub fn same_content(a: &Binding, b: &Binding) -> bool {
-    a.addr == b.addr && a.state == b.state && a.owner == b.owner && a.expires == b.expires && a.cltt == b.cltt && a.term == b.term && a.hw == b.hw && a.hostname == b.hostname
+    a.addr == b.addr && a.state == b.state && a.owner == b.owner && a.expires == b.expires && a.cltt == b.cltt && a.term == b.term && a.seq == b.seq && a.hw == b.hw && a.hostname == b.hostname
 }
 
 /// Both live (busy, unexpired) and held by different clients: a real conflict to record.
@@ -66,6 +68,7 @@ fn freed(winner: &Binding, loser: &Binding) -> Binding {
         expires: winner.cltt,
         cltt: winner.cltt,
         term: winner.term,
+        seq: winner.seq.max(loser.seq) + 1,
         version: loser.version,
         hw: loser.hw.clone(),
         hostname: None,
@@ -145,4 +148,37 @@ fn push(alloc: &mut Allocator, out: &mut Merged, content: &Binding, synced: bool
         }
         out.transitions.push(t);
     }
+}
+
+/// Merges a batch from the partner; returns the per-entry results to acknowledge once `out`
+/// is durable.
+pub fn apply_batch(alloc: &mut Allocator, entries: &[Binding], kind: UpdateKind, now: UnixSecs, out: &mut Merged) -> Vec<EntryResult> {
+    entries.iter().map(|e| EntryResult { addr: e.addr, version: e.version, outcome: merge(alloc, e, kind, now, out) }).collect()
+}
+
+/// Takes the partner's results for one of our batches: marks what it applied as synced (only
+/// if still at the version sent: a change made meanwhile stays unsynced), merges what it
+/// answered with. Returns the addresses whose local binding the partner still lacks (ours won
+/// after all, or an address was freed), to send again.
+pub fn settle(alloc: &mut Allocator, results: Vec<EntryResult>, now: UnixSecs, out: &mut Merged) -> Vec<Ipv4Addr> {
+    let mut resend = Vec::new();
+    for r in results {
+        match r.outcome {
+            EntryOutcome::Applied | EntryOutcome::Unknown => {
+                if alloc.mark_synced(r.addr, r.version) {
+                    out.marks.push((r.addr, r.version));
+                }
+            }
+            EntryOutcome::Superseded(b) => {
+                if let EntryOutcome::Superseded(_) = merge(alloc, &b, UpdateKind::Repair, now, out) {
+                    resend.push(r.addr);
+                }
+            }
+        }
+    }
+    resend.extend(out.transitions.iter().map(|t| t.new.addr));
+    resend.retain(|a| !alloc.is_synced(*a));
+    resend.sort_unstable();
+    resend.dedup();
+    resend
 }

@@ -139,6 +139,7 @@ impl W {
         self.u64(b.cltt);
         self.u64(b.version);
         self.u64(b.term);
+        self.u64(b.seq);
         self.bytes(&b.hw);
         match &b.hostname {
             Some(h) => {
@@ -296,21 +297,22 @@ impl<'a> R<'a> {
         let cltt = self.u64()?;
         let version = self.u64()?;
         let term = self.u64()?;
+        let seq = self.u64()?;
         let hw = self.bytes()?.to_vec();
         let hostname = if self.flag("hostname flag")? { Some(String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Bad("hostname"))?) } else { None };
         if state.is_busy() && owner.is_none() && state != LeaseState::Declined {
             return Err(DecodeError::Bad("busy binding without an owner"));
         }
         // Times are stored as SQLite integers; keep them in range.
-        if [expires, cltt, version, term].iter().any(|v| *v > i64::MAX as u64) {
+        if [expires, cltt, version, term, seq].iter().any(|v| *v > i64::MAX as u64) {
             return Err(DecodeError::Bad("integer out of range"));
         }
-        Ok(Binding { addr, state, owner, expires, cltt, version, term, hw, hostname })
+        Ok(Binding { addr, state, owner, expires, cltt, version, term, seq, hw, hostname })
     }
 }
 
-/// Smallest encoded binding: addr, state, owner flag, 4 × u64, hw length, hostname flag.
-const MIN_BINDING: usize = 4 + 1 + 1 + 32 + 2 + 1;
+/// Smallest encoded binding: addr, state, owner flag, 5 × u64, hw length, hostname flag.
+const MIN_BINDING: usize = 4 + 1 + 1 + 40 + 2 + 1;
 
 pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     let mut r = R(bytes);
