@@ -198,3 +198,72 @@ fn primary_revived_conflict_is_resolved_and_the_loser_nakked() {
     let _ = dh.kill();
     let _ = dh.wait();
 }
+
+#[test]
+fn bad_input_on_the_peer_port_writes_nothing() {
+    let mut p = Pair::new();
+    let c = p.add_client();
+    // Box b serves with a key box a does not share; box a (standby) must take nothing from it.
+    let ca = p.config(0, POOL, "");
+    let cb = p.config(1, POOL, "");
+    let other_key = p.dir.path().join("other.key");
+    std::fs::write(&other_key, "YW5vdGhlciBzZWNyZXQsIGxvbmcgZW5vdWdoIHRvbw==\n").unwrap();
+    std::fs::set_permissions(&other_key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let text = std::fs::read_to_string(&cb).unwrap().replace(&p.dir.path().join("peer.key").display().to_string(), &other_key.display().to_string());
+    std::fs::write(&cb, text).unwrap();
+    let a = p.start(0, &ca, "standby");
+    let b = p.start(1, &cb, "active:1");
+    let (ns, iface) = p.client(c);
+    let (out, _) = udhcpc_once(ns, iface, &p.box_dir(1), &[]);
+    assert!(out.status.success());
+    assert_eq!(leased(&b.leases()).len(), 1);
+    // Garbage and an oversized frame from box b's namespace.
+    p.boxes[1].sh("head -c 4096 /dev/urandom | socat -u - TCP:198.18.1.1:6767,connect-timeout=2 || true");
+    p.boxes[1].sh("printf '\\377\\377\\377\\377junk' | socat -u - TCP:198.18.1.1:6767,connect-timeout=2 || true");
+    wait_log(&a, "peer connection rejected", 3, Duration::from_secs(10));
+    assert!(a.leases().is_empty(), "the standby stored something from an unauthenticated peer: {:?}", a.leases());
+    assert!(!a.log_text().contains("peer link up"), "a link came up without the shared key");
+}
+
+/// A benchmark, not a timed assertion: a standby with an empty disk catches up 65,536 leases
+/// from the active. Run with `cargo test --profile bench-fast --test pair -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_full_catch_up_of_65536_leases() {
+    use twinlease::lease::{Binding, ClientKey, LeaseState, Transition};
+    use twinlease::store::LeaseStore;
+    let p = Pair::new();
+    let big = |i: usize| {
+        let path = p.config(i, "198.18.2.0-198.19.1.255", "");
+        let text = std::fs::read_to_string(&path).unwrap().replace("198.18.0.0/24", "198.18.0.0/15");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (ca, cb) = (big(0), big(1));
+    // Fill box a's store directly: 65,536 leases, as after a busy day.
+    let db = p.box_dir(0).join("state").join("leases.db");
+    let (mut store, _) = LeaseStore::open(&db, 0).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let first = u32::from(std::net::Ipv4Addr::new(198, 18, 2, 0));
+    let ts: Vec<Transition> = (0..65_536u32)
+        .map(|i| {
+            let mac = [2, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1];
+            Transition {
+                expect_version: 0,
+                expect_owner: None,
+                new: Binding { addr: (first + i).into(), state: LeaseState::Leased, owner: Some(ClientKey::from_hw(1, &mac)), expires: now + 3600, cltt: now, version: 1, term: 1, seq: 1, hw: mac.to_vec(), hostname: Some(format!("host-{i}")) },
+            }
+        })
+        .collect();
+    store.commit(&ts.iter().collect::<Vec<_>>()).unwrap();
+    drop(store);
+    let a = p.start(0, &ca, "active:1");
+    let t0 = std::time::Instant::now();
+    let b = p.start(1, &cb, "standby");
+    wait_log(&b, "catch-up with the partner complete", 1, Duration::from_secs(120));
+    let took = t0.elapsed();
+    assert_eq!(leased(&b.leases()).len(), 65_536);
+    assert_eq!(table(&a.leases()), table(&b.leases()));
+    let line = b.log_text().lines().find(|l| l.contains("catch-up with the partner complete")).unwrap_or_default().to_string();
+    eprintln!("full catch-up of 65,536 leases: {:.2} s from the standby's start (incl. its startup): {line}", took.as_secs_f64());
+}
