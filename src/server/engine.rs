@@ -203,8 +203,8 @@ impl Engine {
         let now = unix_now();
         // Only the active box expires leases; a standby mirrors the active's table and would
         // otherwise race it with changes of its own.
-        let active = self.role.borrow().is_active();
-        while active {
+        let mut more = self.role.borrow().is_active();
+        while more {
             let batch = self.alloc.reap(now, REAP_BATCH);
             let full = batch.len() == REAP_BATCH;
             for t in &batch {
@@ -214,9 +214,7 @@ impl Engine {
                 self.replicate(&batch, None);
                 self.writer.commit(batch, None);
             }
-            if !full {
-                break;
-            }
+            more = full;
         }
         let repaired = self.alloc.repair_queue(4096);
         if repaired > 0 {

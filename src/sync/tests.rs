@@ -302,11 +302,7 @@ impl Sim {
     fn act(&mut self, i: usize, actions: Vec<Action>) {
         for a in actions {
             match a {
-                Action::Send(m) => {
-                    if self.connected {
-                        self.wire[1 - i].push_back(m);
-                    }
-                }
+                Action::Send(m) if self.connected => self.wire[1 - i].push_back(m),
                 Action::Close(_) => self.disconnect(),
                 Action::Apply { batch, kind, entries } => {
                     let mut merged = Merged::default();
