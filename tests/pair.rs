@@ -271,3 +271,32 @@ fn bench_full_catch_up_of_65536_leases() {
     let session = at("catch-up with the partner complete").zip(at("lease sync session starting")).and_then(|(end, start)| end.duration_since(start).ok());
     eprintln!("full catch-up of 65,536 leases: {:.2} s from the standby's start (incl. its startup), {:.2} s from session start", took.as_secs_f64(), session.map_or(f64::NAN, |d| d.as_secs_f64()));
 }
+
+#[test]
+fn after_a_failover_the_standby_honours_the_leases_it_knows() {
+    let mut p = Pair::new();
+    let c = p.add_client();
+    let (mut a, mut b) = start_pair(&p, "");
+    let (ns, iface) = p.client(c);
+    let d = p.dir.path().join("c");
+    std::fs::create_dir_all(&d).unwrap();
+    let (mut dh, ev) = dhclient(ns, iface, &d, &[]);
+    let bound = wait_event(&ev, &["BOUND"], 0, Duration::from_secs(20));
+    let lf = d.join(format!("dhclient-{iface}.leases"));
+    wait_for("dhclient's lease file", Duration::from_secs(10), || std::fs::read_to_string(&lf).ok().filter(|t| t.contains(&bound.ip)).map(|_| ()));
+    let _ = dh.kill();
+    let _ = dh.wait();
+    // The active dies; the standby is promoted (the election's job; pinned here).
+    a.kill9();
+    b.stop();
+    let b = p.start(1, &b.config.clone(), "active:2");
+    let (mut dh, _) = dhclient(ns, iface, &d, &[]);
+    let log = d.join(format!("dhclient-{iface}.log"));
+    let want = format!("DHCPACK of {} from 198.18.0.2", bound.ip);
+    wait_for("the promoted standby ACKing the client's address", Duration::from_secs(20), || std::fs::read_to_string(&log).ok().filter(|t| t.contains(&want)).map(|_| ()));
+    assert!(!std::fs::read_to_string(&log).unwrap().contains("DHCPNAK"), "a known lease was refused");
+    let l = lease_of(&b.leases(), &bound.ip).cloned().unwrap();
+    assert_eq!((l["state"].as_str(), l["term"].as_u64()), (Some("leased"), Some(2)), "renewed under the new term");
+    let _ = dh.kill();
+    let _ = dh.wait();
+}
