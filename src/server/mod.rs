@@ -106,6 +106,7 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
         stats: stats.clone(),
         started,
         shutdown,
+        ticks: 0,
     };
     let engine_task = tokio::spawn(engine.run());
     let mut receivers = Vec::new();
@@ -139,6 +140,16 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
     }
     let _ = stop_engine.send(());
     let _ = engine_task.await;
+    let ws = &writer.stats;
+    tracing::info!(
+        target: "twinlease::stats",
+        commits = ws.commits.load(Ordering::Relaxed),
+        transitions = ws.transitions.load(Ordering::Relaxed),
+        failures = ws.failures.load(Ordering::Relaxed),
+        acks = stats.acks.load(Ordering::Relaxed),
+        offers = stats.offers.load(Ordering::Relaxed),
+        "store and reply counters"
+    );
     drop(writer);
     // The writer finishes what is queued, then its thread ends.
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;

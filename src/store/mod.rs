@@ -138,7 +138,12 @@ impl LeaseStore {
 
     fn setup(conn: Connection, path: &Path) -> Result<LeaseStore, StoreError> {
         // Any of these failing on a file that is not a database reports NotADatabase.
+        // A commit writes whole pages to the WAL and lease rows are ~70 bytes: small pages keep
+        // the bytes written (and checksummed) per lease down. Applies to new databases only.
+        conn.pragma_update(None, "page_size", 1024)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Checkpoint after ~4 MB of WAL rather than 1,000 (now smaller) pages.
+        conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
         let _ = path;
@@ -183,7 +188,32 @@ impl LeaseStore {
 
     /// Applies a batch of transitions in one transaction, all or nothing.
     pub fn commit(&mut self, batch: &[&Transition]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction()?;
+        // Cached BEGIN/COMMIT: this runs hundreds of times a second and re-parsing them was
+        // a measurable share of a commit.
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        match self.apply_all(batch) {
+            Ok(()) => match self.conn.prepare_cached("COMMIT")?.execute([]) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    self.rollback();
+                    Err(e.into())
+                }
+            },
+            Err(e) => {
+                self.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn rollback(&self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
+    fn apply_all(&self, batch: &[&Transition]) -> Result<(), StoreError> {
+        let tx = &self.conn;
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(addr) DO NOTHING",
@@ -210,7 +240,6 @@ impl LeaseStore {
                 }
             }
         }
-        tx.commit()?;
         Ok(())
     }
 
