@@ -110,7 +110,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 },
             };
             twinlease::logging::init(cfg.log_filter.as_deref());
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the runtime")?;
+            // One thread for the whole async side: a request then never hops between worker threads on
+            // the way through; the blocking work (fsync) has its own thread in the store writer.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async {
                 let (_role_tx, role) = match pinned {
                     Some(r) => tokio::sync::watch::channel(r),

@@ -28,6 +28,8 @@ mod tests;
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
+use rustc_hash::FxHashMap;
+
 pub use choose::Choice;
 
 use crate::config::{AliasBusyPolicy, Config, SubnetId};
@@ -88,7 +90,11 @@ pub enum AllocError {
 #[derive(Debug, Clone)]
 pub struct Allocator {
     policy: Policy,
-    slots: HashMap<Ipv4Addr, Slot>,
+    /// Keyed by configured addresses only (never by what clients send), so a fast
+    /// non-randomised hash is safe here.
+    slots: FxHashMap<Ipv4Addr, Slot>,
+    /// Number of addresses in each state, kept by `install`.
+    state_counts: [usize; 5],
     /// Per subnet: free dynamic addresses by (next-available, address).
     free: Vec<BTreeSet<(UnixSecs, Ipv4Addr)>>,
     /// Every busy address by (expiry, address), for the reaper.
@@ -110,7 +116,8 @@ impl Allocator {
     pub fn new(config: &Config) -> Allocator {
         let mut a = Allocator {
             policy: Policy::from_config(config),
-            slots: HashMap::new(),
+            slots: FxHashMap::default(),
+            state_counts: [0; 5],
             free: vec![BTreeSet::new(); config.subnets.len()],
             busy: BTreeSet::new(),
             by_client: HashMap::new(),
@@ -129,6 +136,7 @@ impl Allocator {
                 a.by_client_id.insert(id.clone().into(), i);
             }
             a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i), synced: 0 });
+            a.state_counts[0] += 1;
         }
         for (sid, s) in config.subnets.iter().enumerate() {
             for addr in s.dynamic_addresses() {
@@ -137,6 +145,7 @@ impl Allocator {
                 }
                 a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None, synced: 0 });
                 a.free[sid].insert((0, addr));
+                a.state_counts[0] += 1;
             }
         }
         a
@@ -210,13 +219,9 @@ impl Allocator {
         (b.state.is_busy() && b.is_owned_by(client)).then_some(b)
     }
 
-    /// Number of busy addresses by state, for status displays.
-    pub fn counts(&self) -> HashMap<LeaseState, usize> {
-        let mut m = HashMap::new();
-        for s in self.slots.values() {
-            *m.entry(s.b.state).or_insert(0) += 1;
-        }
-        m
+    /// Number of addresses in `state` (expired but not yet reaped ones still count as busy).
+    pub fn count(&self, state: LeaseState) -> usize {
+        self.state_counts[state.code() as usize]
     }
 
     pub fn len(&self) -> usize {
@@ -254,6 +259,8 @@ impl Allocator {
         let old = std::mem::replace(&mut slot.b, new);
         let (subnet, dynamic) = (slot.subnet, slot.reserved.is_none());
         let new = &slot.b;
+        self.state_counts[old.state.code() as usize] -= 1;
+        self.state_counts[new.state.code() as usize] += 1;
         if old.state.is_busy() {
             self.busy.remove(&(old.expires, addr));
         } else if dynamic {

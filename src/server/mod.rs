@@ -134,6 +134,7 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
         stats: stats.clone(),
         started,
         shutdown,
+        ticks: 0,
         peer,
     };
     let engine_task = tokio::spawn(engine.run());
@@ -168,6 +169,16 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
     }
     let _ = stop_engine.send(());
     let _ = engine_task.await;
+    let ws = &writer.stats;
+    tracing::info!(
+        target: "twinlease::stats",
+        commits = ws.commits.load(Ordering::Relaxed),
+        transitions = ws.transitions.load(Ordering::Relaxed),
+        failures = ws.failures.load(Ordering::Relaxed),
+        acks = stats.acks.load(Ordering::Relaxed),
+        offers = stats.offers.load(Ordering::Relaxed),
+        "store and reply counters"
+    );
     drop(writer);
     // The writer finishes what is queued, then its thread ends.
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;

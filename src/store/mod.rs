@@ -140,7 +140,12 @@ impl LeaseStore {
 
     fn setup(conn: Connection, path: &Path) -> Result<LeaseStore, StoreError> {
         // Any of these failing on a file that is not a database reports NotADatabase.
+        // A commit writes whole pages to the WAL and lease rows are ~70 bytes: small pages keep
+        // the bytes written (and checksummed) per lease down. Applies to new databases only.
+        conn.pragma_update(None, "page_size", 1024)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Checkpoint after ~4 MB of WAL rather than 1,000 (now smaller) pages.
+        conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
         let _ = path;
@@ -191,7 +196,32 @@ impl LeaseStore {
     /// Applies transitions, then sync marks (each only if its row is at that version), then
     /// conflict records, in one transaction, all or nothing.
     pub fn commit_with(&mut self, batch: &[&Transition], marks: &[(Ipv4Addr, u64)], conflicts: &[ConflictRecord]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction()?;
+        // Cached BEGIN/COMMIT: this runs hundreds of times a second and re-parsing them was
+        // a measurable share of a commit.
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        match self.apply_all(batch, marks, conflicts) {
+            Ok(()) => match self.conn.prepare_cached("COMMIT")?.execute([]) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    self.rollback();
+                    Err(e.into())
+                }
+            },
+            Err(e) => {
+                self.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn rollback(&self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
+    fn apply_all(&self, batch: &[&Transition], marks: &[(Ipv4Addr, u64)], conflicts: &[ConflictRecord]) -> Result<(), StoreError> {
+        let tx = &self.conn;
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT(addr) DO NOTHING",
@@ -222,8 +252,7 @@ impl LeaseStore {
                 mark.execute(params![u32::from(*addr), *version as i64])?;
             }
         }
-        Self::insert_conflicts(&tx, conflicts)?;
-        tx.commit()?;
+        Self::insert_conflicts(tx, conflicts)?;
         Ok(())
     }
 
