@@ -14,6 +14,7 @@ pub mod dhcp;
 pub mod election;
 pub mod lease;
 pub mod store;
+pub mod sync;
 pub mod logging;
 pub mod role;
 pub mod server;

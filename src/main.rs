@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use twinlease::config::{ArbiterKind, Config};
 use twinlease::election::backend::{self, AnyBackend, Backend, CONNECT_TIMEOUT, InitOutcome};
 use twinlease::election::{Election, Params};
+use twinlease::sync::machine::Readiness;
 use twinlease::lease::{LeaseState, fmt_hw};
 use twinlease::store::{LeaseStore, StoredBinding};
 
@@ -29,6 +30,10 @@ enum Command {
         /// Use this directory for the lease database instead of [node] state_dir.
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        /// Test only, until the election decides: fix this box's role ("standby" or
+        /// "active:TERM").
+        #[arg(long, value_name = "ROLE", hide = true)]
+        pin_role: Option<String>,
     },
     /// Validate a configuration file; exit 0 if it is valid, 1 with the reason if not.
     CheckConfig {
@@ -60,6 +65,15 @@ enum Command {
     Arbiter {
         #[command(subcommand)]
         command: ArbiterCommand,
+    },
+    /// Show the lease conflicts lease sync resolved (both bindings and which one was kept).
+    Conflicts {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
     /// Print the version.
     Version,
@@ -116,11 +130,21 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         },
-        Command::Run { config, state_dir } => {
+        Command::Run { config, state_dir, pin_role } => {
             let cfg = load(&config, state_dir)?;
+            let pinned = match pin_role.as_deref() {
+                None => None,
+                Some("standby") => Some(twinlease::role::Role::Standby),
+                Some(r) => match r.strip_prefix("active:").and_then(|t| t.parse().ok()) {
+                    Some(term) => Some(twinlease::role::Role::active(term)),
+                    None => anyhow::bail!("--pin-role takes \"standby\" or \"active:TERM\""),
+                },
+            };
             twinlease::logging::init(cfg.log_filter.as_deref());
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the runtime")?;
-            rt.block_on(run(cfg))
+            // One thread for the whole async side: a request then never hops between worker threads on
+            // the way through; the blocking work (fsync) has its own thread in the store writer.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+            rt.block_on(run(cfg, pinned))
         }
         Command::Whois { config, json } => {
             let cfg = Config::load(&config)?;
@@ -152,6 +176,34 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             println!("{sql};");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Conflicts { config, state_dir, json } => {
+            let cfg = load(&config, state_dir)?;
+            let path = cfg.lease_db_path();
+            if !path.exists() {
+                anyhow::bail!("no lease database at {} (has the server run yet?)", path.display());
+            }
+            let list = LeaseStore::open_read_only(&path)?.conflicts()?;
+            let side = |b: &twinlease::lease::Binding| {
+                serde_json::json!({
+                    "address": b.addr.to_string(), "state": b.state.name(), "client": b.owner.as_ref().map(|o| o.to_string()),
+                    "expires": b.expires, "cltt": b.cltt, "term": b.term,
+                })
+            };
+            if json {
+                let v: Vec<serde_json::Value> = list.iter().map(|c| serde_json::json!({"at": c.at, "at_utc": utc(c.at), "kind": c.kind.name(), "winner": side(&c.winner), "loser": side(&c.loser)})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for c in &list {
+                    let who = |b: &twinlease::lease::Binding| b.owner.as_ref().map_or("-".to_string(), |o| o.to_string());
+                    println!(
+                        "{} {}: kept {} for {} (term {}, cltt {}); lost {} for {} (term {}, cltt {})",
+                        utc(c.at), c.kind.name(), c.winner.addr, who(&c.winner), c.winner.term, c.winner.cltt, c.loser.addr, who(&c.loser), c.loser.term, c.loser.cltt
+                    );
+                }
+                println!("{} conflicts", list.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Leases { config, state_dir, json, all } => {
             let cfg = load(&config, state_dir)?;
             let path = cfg.lease_db_path();
@@ -180,7 +232,13 @@ fn arbiter_of(cfg: &Config) -> anyhow::Result<&twinlease::config::Arbiter> {
 /// A demoted box stays in the process and re-enters the election (same uuid), so a box whose
 /// heartbeat answers were merely lost renews its own row and serves again within one interval.
 /// Only a T mismatch with the arbiter's row ends the process (exit 1; systemd restarts it).
-async fn run(cfg: Config) -> anyhow::Result<ExitCode> {
+/// `--pin-role` (tests) replaces both.
+async fn run(cfg: Config, pinned: Option<twinlease::role::Role>) -> anyhow::Result<ExitCode> {
+    if let Some(r) = pinned {
+        let (_role_tx, role) = tokio::sync::watch::channel(r);
+        twinlease::server::run(cfg, role).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(a) = cfg.arbiter.clone() else {
         let (_role_tx, role) = twinlease::role::standalone();
         twinlease::server::run(cfg, role).await?;
@@ -190,9 +248,15 @@ async fn run(cfg: Config) -> anyhow::Result<ExitCode> {
     let mut election = Election::new(backend, Params::from_config(&a), &a.utype, &cfg.node.name, &a.endpoint);
     election.startup_check().await?;
     let (role_tx, role_rx) = tokio::sync::watch::channel(twinlease::role::Role::Standby);
-    let mut elected = tokio::spawn(election.run(role_tx, None));
+    let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(Readiness::Waiting);
+    let mut elected = tokio::spawn(async move {
+        // A box stands only once lease sync has caught up with its partner (or found it
+        // unreachable), so a new primary never serves from a stale lease table.
+        let _ = ready_rx.wait_for(|r| *r != Readiness::Waiting).await;
+        election.run(role_tx, None).await
+    });
     tokio::select! {
-        r = twinlease::server::run(cfg, role_rx) => {
+        r = twinlease::server::run_with(cfg, role_rx, ready_tx) => {
             r?;
             Ok(ExitCode::SUCCESS)
         }
