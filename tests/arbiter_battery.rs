@@ -37,7 +37,7 @@ fn sqlite_url() -> String {
 
 fn backend(k: Kind) -> AnyBackend {
     match k {
-        Kind::Pg => AnyBackend::Postgres(PgBackend::new(PG_URL, None, TlsMode::Off, None).unwrap()),
+        Kind::Pg => AnyBackend::Postgres(Box::new(PgBackend::new(PG_URL, None, TlsMode::Off, None).unwrap())),
         Kind::My => AnyBackend::Mysql(MyBackend::new(MY_URL, None, TlsMode::Off, None).unwrap()),
         Kind::Lite => AnyBackend::Sqlite(LiteBackend::new(&sqlite_url()).unwrap()),
     }

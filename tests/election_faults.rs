@@ -155,7 +155,7 @@ impl Node {
 
     /// Whether the last role change in the log is to active.
     fn logged_active(&self) -> bool {
-        self.log().lines().filter(|l| l.contains("role change")).next_back().is_some_and(|l| l.contains("role=\"active\""))
+        self.log().lines().rfind(|l| l.contains("role change")).is_some_and(|l| l.contains("role=\"active\""))
     }
 
     fn cli(&self, args: &[&str]) -> String {
@@ -189,10 +189,11 @@ fn intervals(log: &str, killed_at: Option<u64>, now: u64) -> Vec<(u64, u64, u64)
             if let Some(o) = open.as_mut() {
                 o.1 = field(l, "until_mono_ns").unwrap();
             }
-        } else if l.contains("role change") && l.contains("role=\"standby\"") {
-            if let Some(o) = open.take() {
-                close(o, field(l, "mono_ns").unwrap(), &mut out);
-            }
+        } else if l.contains("role change")
+            && l.contains("role=\"standby\"")
+            && let Some(o) = open.take()
+        {
+            close(o, field(l, "mono_ns").unwrap(), &mut out);
         }
     }
     if let Some(o) = open {
@@ -227,7 +228,7 @@ fn wait_active(nodes: &[Node], limit: Duration) -> usize {
 
 /// When `node` last became active (CLOCK_MONOTONIC ns).
 fn promoted_at(node: &Node) -> u64 {
-    node.log().lines().filter(|l| l.contains("role change") && l.contains("role=\"active\"")).next_back().and_then(|l| field(l, "mono_ns")).unwrap()
+    node.log().lines().rfind(|l| l.contains("role change") && l.contains("role=\"active\"")).and_then(|l| field(l, "mono_ns")).unwrap()
 }
 
 fn start_pair() -> (PgArbiter, Vec<Node>, usize) {
@@ -315,7 +316,7 @@ fn a_stalled_arbiter_silences_the_active_then_one_box_resumes() {
     let stalled = mono_ns();
     arb.signal_all("STOP");
     wait_for("the active to demote itself", Duration::from_millis(T_MS + 2000), || (!nodes[a].logged_active()).then_some(()));
-    let demoted = nodes[a].log().lines().filter(|l| l.contains("role=\"standby\"")).next_back().and_then(|l| field(l, "mono_ns")).unwrap();
+    let demoted = nodes[a].log().lines().rfind(|l| l.contains("role=\"standby\"")).and_then(|l| field(l, "mono_ns")).unwrap();
     eprintln!("STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)", (demoted - stalled) / 1_000_000, T_MS - I_MS);
     assert!(demoted - stalled <= (T_MS - I_MS + 300) * 1_000_000);
     std::thread::sleep(Duration::from_millis(T_MS));

@@ -105,7 +105,7 @@ pub trait Backend: Send + 'static {
 
 /// Any of the three, chosen by the url scheme.
 pub enum AnyBackend {
-    Postgres(postgres::PgBackend),
+    Postgres(Box<postgres::PgBackend>),
     Mysql(mysql::MyBackend),
     Sqlite(sqlite::LiteBackend),
 }
@@ -123,7 +123,7 @@ impl AnyBackend {
             ),
         };
         Ok(match a.kind {
-            ArbiterKind::Postgres => AnyBackend::Postgres(postgres::PgBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?),
+            ArbiterKind::Postgres => AnyBackend::Postgres(Box::new(postgres::PgBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?)),
             ArbiterKind::Mysql => AnyBackend::Mysql(mysql::MyBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?),
             ArbiterKind::Sqlite => AnyBackend::Sqlite(sqlite::LiteBackend::new(&a.url)?),
         })
