@@ -16,8 +16,20 @@ use std::time::Duration;
 
 use common::*;
 
-const I_MS: u64 = 500;
-const T_MS: u64 = 2000;
+/// I and T: short by default to keep the test quick; `TL_FAULT_I_MS` / `TL_FAULT_T_MS` set
+/// others (e.g. the shipped 1000 / 5000) to measure take-over times at those values.
+fn env_ms(key: &str, default: u64) -> u64 {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+static TIMERS: std::sync::LazyLock<(u64, u64)> = std::sync::LazyLock::new(|| (env_ms("TL_FAULT_I_MS", 500), env_ms("TL_FAULT_T_MS", 2000)));
+#[allow(non_snake_case)]
+fn I_MS() -> u64 {
+    TIMERS.0
+}
+#[allow(non_snake_case)]
+fn T_MS() -> u64 {
+    TIMERS.1
+}
 const ARBITER_IP: &str = "198.18.10.1";
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -130,9 +142,11 @@ impl Node {
              [dhcp]\ninterfaces = []\nlisten_relayed = true\nping_check = false\n\
              [[subnet]]\ncidr = \"198.18.20.0/24\"\npools = [\"198.18.20.10-198.18.20.50\"]\n\
              [arbiter]\nurl = \"postgres://twinlease@{ARBITER_IP}:5432/postgres\"\nutype = \"branch-test/dhcp\"\n\
-             interval_ms = {I_MS}\ntimeout_ms = {T_MS}\ntls = \"off\"\nendpoint = \"{name}.branch.example\"\n",
+             interval_ms = {i}\ntimeout_ms = {t}\ntls = \"off\"\nendpoint = \"{name}.branch.example\"\n",
             name = self.name,
-            state = self.dir.path().join("state").display()
+            state = self.dir.path().join("state").display(),
+            i = I_MS(),
+            t = T_MS()
         );
         std::fs::write(&path, text).unwrap();
         path
@@ -239,12 +253,14 @@ fn start_pair() -> (PgArbiter, Vec<Node>, usize) {
     nodes[1].start();
     let a = wait_active(&nodes, Duration::from_secs(10));
     // Let it settle for a few intervals; the other must stay standby.
-    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    std::thread::sleep(Duration::from_millis(3 * I_MS()));
     assert!(!nodes[1 - a].logged_active(), "both active:\n{}", logs(&nodes));
     (arb, nodes, a)
 }
 
-const BOUND_NS: u64 = (T_MS + I_MS + 1000) * 1_000_000;
+fn bound_ns() -> u64 {
+    (T_MS() + I_MS() + 1000) * 1_000_000
+}
 
 #[test]
 fn kill_9_of_the_active_fails_over_within_t_plus_i() {
@@ -254,10 +270,10 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     assert!(who.contains(&format!("primary {} at {}.branch.example", nodes[a].name, nodes[a].name)), "{who}");
     nodes[a].kill9();
     let died = nodes[a].killed_at.unwrap();
-    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
     let took = promoted_at(&nodes[b]) - died;
-    eprintln!("TAKEOVER kill -9: {} ms after the active died (T = {T_MS} ms, I = {I_MS} ms)", took / 1_000_000);
-    assert!(took <= BOUND_NS, "take-over took {} ms > T + I + 1 s\n{}", took / 1_000_000, logs(&nodes));
+    eprintln!("TAKEOVER kill -9: {} ms after the active died (T = {} ms, I = {} ms)", took / 1_000_000, T_MS(), I_MS());
+    assert!(took <= bound_ns(), "take-over took {} ms > T + I + 1 s\n{}", took / 1_000_000, logs(&nodes));
     let who = nodes[a].cli(&["whois", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&who).unwrap();
     assert_eq!(v["primary"], nodes[b].name.as_str(), "{who}");
@@ -266,7 +282,7 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     nodes[a].killed_at = None;
     let old_log_len = nodes[a].log().len();
     nodes[a].start();
-    std::thread::sleep(Duration::from_millis(4 * I_MS));
+    std::thread::sleep(Duration::from_millis(4 * I_MS()));
     assert!(!nodes[a].log()[old_log_len..].contains("role=\"active\""), "the restarted box took over:\n{}", logs(&nodes));
     nodes[a].killed_at = Some(died); // its earlier life ended at the kill
     assert_no_overlap(&nodes);
@@ -278,14 +294,14 @@ fn the_active_losing_its_link_stops_before_the_other_starts() {
     let b = 1 - a;
     let cut = mono_ns();
     nodes[a].link(false);
-    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
     let took = promoted_at(&nodes[b]) - cut;
     eprintln!("TAKEOVER link down: {} ms after the active's link went down", took / 1_000_000);
-    assert!(took <= BOUND_NS, "take-over took {} ms", took / 1_000_000);
+    assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);
     wait_for("the isolated box to demote itself", Duration::from_secs(5), || (!nodes[a].logged_active()).then_some(()));
     // Back online: it finds the other in charge and stays standby.
     nodes[a].link(true);
-    std::thread::sleep(Duration::from_millis(4 * I_MS));
+    std::thread::sleep(Duration::from_millis(4 * I_MS()));
     assert!(!nodes[a].logged_active() && nodes[b].logged_active(), "{}", logs(&nodes));
     assert_no_overlap(&nodes);
 }
@@ -297,10 +313,10 @@ fn writes_failing_then_the_link_going_keeps_one_active() {
     let (arb, nodes, a) = start_pair();
     let b = 1 - a;
     arb.psql("REVOKE INSERT, UPDATE ON twinlease_heartbeat FROM twinlease;");
-    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    std::thread::sleep(Duration::from_millis(3 * I_MS()));
     nodes[a].link(false);
     arb.psql("GRANT INSERT, UPDATE ON twinlease_heartbeat TO twinlease;");
-    wait_for("the standby to take over", Duration::from_millis(T_MS + I_MS + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
     let all = assert_no_overlap(&nodes);
     let first_end = all.iter().find(|x| x.0 == nodes[a].name).map(|x| x.2).unwrap();
     let second_start = all.iter().find(|x| x.0 == nodes[b].name).map(|x| x.1).unwrap();
@@ -315,15 +331,15 @@ fn a_stalled_arbiter_silences_the_active_then_one_box_resumes() {
     let (arb, nodes, a) = start_pair();
     let stalled = mono_ns();
     arb.signal_all("STOP");
-    wait_for("the active to demote itself", Duration::from_millis(T_MS + 2000), || (!nodes[a].logged_active()).then_some(()));
+    wait_for("the active to demote itself", Duration::from_millis(T_MS() + 2000), || (!nodes[a].logged_active()).then_some(()));
     let demoted = nodes[a].log().lines().rfind(|l| l.contains("role=\"standby\"")).and_then(|l| field(l, "mono_ns")).unwrap();
-    eprintln!("STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)", (demoted - stalled) / 1_000_000, T_MS - I_MS);
-    assert!(demoted - stalled <= (T_MS - I_MS + 300) * 1_000_000);
-    std::thread::sleep(Duration::from_millis(T_MS));
+    eprintln!("STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)", (demoted - stalled) / 1_000_000, T_MS() - I_MS());
+    assert!(demoted - stalled <= (T_MS() - I_MS() + 300) * 1_000_000);
+    std::thread::sleep(Duration::from_millis(T_MS()));
     assert!(nodes.iter().all(|n| !n.logged_active()), "someone active while the arbiter is frozen:\n{}", logs(&nodes));
     arb.signal_all("CONT");
-    wait_active(&nodes, Duration::from_millis(T_MS + I_MS + 5000));
-    std::thread::sleep(Duration::from_millis(3 * I_MS));
+    wait_active(&nodes, Duration::from_millis(T_MS() + I_MS() + 5000));
+    std::thread::sleep(Duration::from_millis(3 * I_MS()));
     assert_no_overlap(&nodes);
     assert_eq!(nodes.iter().filter(|n| n.logged_active()).count(), 1);
 }
@@ -334,11 +350,11 @@ fn a_different_t_on_one_box_is_refused_at_start_up() {
     let b = 1 - a;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("other-t.toml");
-    let text = std::fs::read_to_string(nodes[b].config()).unwrap().replace(&format!("timeout_ms = {T_MS}"), "timeout_ms = 9000");
+    let text = std::fs::read_to_string(nodes[b].config()).unwrap().replace(&format!("timeout_ms = {}", T_MS()), "timeout_ms = 9000");
     std::fs::write(&cfg, text).unwrap();
     let out = nodes[b].ns.cmd(BIN).args(["run", "--config"]).arg(&cfg).env("TWINLEASE_LOG_STDERR", "1").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("has T = {T_MS} ms but this box has timeout_ms = 9000")), "{err}");
+    assert!(err.contains(&format!("has T = {} ms but this box has timeout_ms = 9000", T_MS())), "{err}");
     assert_no_overlap(&nodes);
 }
