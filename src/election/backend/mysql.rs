@@ -101,7 +101,8 @@ impl MyBackend {
     pub fn new(url: &str, password: Option<String>, tls: TlsMode, ca_file: Option<&Path>) -> Result<MyBackend, ArbiterError> {
         let url = url.replacen("mariadb://", "mysql://", 1);
         let base = Opts::from_url(&url).map_err(|e| ArbiterError::Url(e.to_string()))?;
-        let mut b = OptsBuilder::from_opts(base).stmt_cache_size(8).tcp_nodelay(true);
+        // Never switch to a local unix socket: that would silently drop TLS (and the arbiter is remote).
+        let mut b = OptsBuilder::from_opts(base).stmt_cache_size(8).tcp_nodelay(true).prefer_socket(false);
         if let Some(p) = password {
             b = b.pass(Some(p));
         }
