@@ -112,6 +112,8 @@ struct Node {
     dir: tempfile::TempDir,
     srv: Option<Server>,
     killed_at: Option<u64>,
+    /// The arbiter url; the namespace lab's PostgreSQL unless set.
+    url: Option<String>,
 }
 
 /// The arbiter namespace with its bridge, and `n` nodes attached to it.
@@ -129,7 +131,7 @@ fn lab(n: usize) -> (PgArbiter, Vec<Node>) {
         arb_ns.ip(&format!("link set {outer} master {bridge} up"));
         ns.ip(&format!("addr add 198.18.10.{}/24 dev {inner}", k + 2));
         ns.ip(&format!("link set {inner} up"));
-        nodes.push(Node { name: format!("box{}", k + 1), ns, iface: inner, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None });
+        nodes.push(Node { name: format!("box{}", k + 1), ns, iface: inner, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: None });
     }
     (PgArbiter::start(arb_ns), nodes)
 }
@@ -141,12 +143,13 @@ impl Node {
             "[node]\nname = \"{name}\"\nstate_dir = \"{state}\"\n\
              [dhcp]\ninterfaces = []\nlisten_relayed = true\nping_check = false\n\
              [[subnet]]\ncidr = \"198.18.20.0/24\"\npools = [\"198.18.20.10-198.18.20.50\"]\n\
-             [arbiter]\nurl = \"postgres://twinlease@{ARBITER_IP}:5432/postgres\"\nutype = \"branch-test/dhcp\"\n\
+             [arbiter]\nurl = \"{url}\"\nutype = \"branch-test/dhcp\"\n\
              interval_ms = {i}\ntimeout_ms = {t}\ntls = \"off\"\nendpoint = \"{name}.branch.example\"\n",
             name = self.name,
             state = self.dir.path().join("state").display(),
             i = I_MS(),
-            t = T_MS()
+            t = T_MS(),
+            url = self.url.clone().unwrap_or_else(|| format!("postgres://twinlease@{ARBITER_IP}:5432/postgres"))
         );
         std::fs::write(&path, text).unwrap();
         path
@@ -356,5 +359,33 @@ fn a_different_t_on_one_box_is_refused_at_start_up() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("has T = {} ms but this box has timeout_ms = 9000", T_MS())), "{err}");
+    assert_no_overlap(&nodes);
+}
+
+/// The demo set-up: two processes on one host (here: two namespaces, one file system) elect
+/// through a shared SQLite file. kill -9 of the active: the other takes over within T + I.
+#[test]
+fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
+    let shared = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/arbiter.db", shared.path().display());
+    let mut nodes: Vec<Node> = (0..2)
+        .map(|k| Node { name: format!("demo{}", k + 1), ns: Netns::new("d"), iface: String::new(), dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: Some(url.clone()) })
+        .collect();
+    let init = nodes[0].cli(&["arbiter", "init"]);
+    assert!(init.contains("arbiter ready"), "{init}");
+    nodes[0].start();
+    nodes[1].start();
+    let a = wait_active(&nodes, Duration::from_secs(10));
+    let b = 1 - a;
+    std::thread::sleep(Duration::from_millis(3 * I_MS()));
+    assert!(!nodes[b].logged_active(), "both active:\n{}", logs(&nodes));
+    nodes[a].kill9();
+    let died = nodes[a].killed_at.unwrap();
+    wait_for("the other process to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    let took = promoted_at(&nodes[b]) - died;
+    eprintln!("TAKEOVER sqlite kill -9: {} ms", took / 1_000_000);
+    assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);
+    let who = nodes[a].cli(&["whois"]);
+    assert!(who.contains(&format!("primary {}", nodes[b].name)), "{who}");
     assert_no_overlap(&nodes);
 }
