@@ -247,6 +247,7 @@ async fn run(cfg: Config, pinned: Option<twinlease::role::Role>) -> anyhow::Resu
     let backend = AnyBackend::from_config(&a)?;
     let mut election = Election::new(backend, Params::from_config(&a), &a.utype, &cfg.node.name, &a.endpoint);
     election.startup_check().await?;
+    let uuid = election.uuid();
     let (role_tx, role_rx) = tokio::sync::watch::channel(twinlease::role::Role::Standby);
     let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(Readiness::Waiting);
     let mut elected = tokio::spawn(async move {
@@ -258,12 +259,30 @@ async fn run(cfg: Config, pinned: Option<twinlease::role::Role>) -> anyhow::Resu
     tokio::select! {
         r = twinlease::server::run_with(cfg, role_rx, ready_tx) => {
             r?;
+            // The DHCP service has stopped (and sent its last released ACK): hand the row
+            // over now, so the partner takes over within an interval instead of after T.
+            elected.abort();
+            release(&a, uuid).await;
             Ok(ExitCode::SUCCESS)
         }
         halted = &mut elected => {
             let why = halted.map_or_else(|e| format!("election task failed: {e}"), |e| e.to_string());
             anyhow::bail!("{why}")
         }
+    }
+}
+
+async fn release(a: &twinlease::config::Arbiter, uuid: twinlease::election::Uuid) {
+    let limit = a.interval.max(Duration::from_secs(1));
+    let released = match AnyBackend::from_config(a) {
+        Ok(mut b) => tokio::time::timeout(limit, b.release(&a.utype, uuid)).await,
+        Err(e) => Ok(Err(e)),
+    };
+    match released {
+        Ok(Ok(true)) => tracing::info!(mono_ns = twinlease::clock::monotonic().as_nanos() as u64, "handed the arbiter row over"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not hand the arbiter row over; the partner takes over after T"),
+        Err(_) => tracing::warn!("the arbiter did not answer the hand-over; the partner takes over after T"),
     }
 }
 

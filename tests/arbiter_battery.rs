@@ -171,6 +171,19 @@ async fn concurrent_takeover_races(k: Kind) {
     }
 }
 
+/// A clean stop expires the holder's row at once; nobody else can expire it.
+async fn release_hands_over(k: Kind) {
+    let u = utype("release");
+    let mut b = ready(k, &u, 5000).await;
+    let a = claim(&u, 5000);
+    b.heartbeat(&a).await.unwrap();
+    assert!(!b.release(&u, Uuid::new_v4()).await.unwrap(), "a stranger cannot release it");
+    assert!(b.read(&u).await.unwrap().unwrap().live);
+    assert!(b.release(&u, a.uuid).await.unwrap());
+    assert!(!b.read(&u).await.unwrap().unwrap().live, "released means expired");
+    assert_eq!(applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()), 2, "the next box takes over at once, as a new term");
+}
+
 /// Rows idle for decades: no overflow in the age, and they can be taken over.
 async fn long_idle_rows(k: Kind) {
     let u = utype("idle");
@@ -255,6 +268,8 @@ macro_rules! battery {
             async fn a_different_t_never_renews_nor_takes_over() { super::a_different_t_never_renews_nor_takes_over($kind).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_takeover_races() { super::concurrent_takeover_races($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn release_hands_over() { super::release_hands_over($kind).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn long_idle_rows() { super::long_idle_rows($kind).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

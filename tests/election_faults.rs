@@ -291,6 +291,23 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     assert_no_overlap(&nodes);
 }
 
+/// A clean stop (SIGTERM, e.g. an upgrade): the box stops serving, then expires its row, and the
+/// partner takes over within an interval instead of after T.
+#[test]
+fn a_clean_stop_hands_over_within_an_interval() {
+    let (_arb, mut nodes, a) = start_pair();
+    let b = 1 - a;
+    let stopping = mono_ns();
+    nodes[a].srv.as_mut().unwrap().stop();
+    nodes[a].killed_at = Some(mono_ns()); // its process has ended by now
+    assert!(nodes[a].log().contains("handed the arbiter row over"), "{}", nodes[a].log());
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    let took = promoted_at(&nodes[b]) - stopping;
+    eprintln!("TAKEOVER clean stop: {} ms after SIGTERM (I = {} ms)", took / 1_000_000, I_MS());
+    assert!(took <= (I_MS() + 1000) * 1_000_000, "hand-over took {} ms", took / 1_000_000);
+    assert_no_overlap(&nodes);
+}
+
 #[test]
 fn the_active_losing_its_link_stops_before_the_other_starts() {
     let (_arb, nodes, a) = start_pair();

@@ -99,6 +99,9 @@ pub trait Backend: Send + 'static {
     fn read(&mut self, utype: &str) -> impl Future<Output = Result<Option<HolderRow>, ArbiterError>> + Send;
     /// UpdateHeartBeat.
     fn heartbeat(&mut self, claim: &Claim) -> impl Future<Output = Result<Beat, ArbiterError>> + Send;
+    /// Expires the row if it holds `uuid` (a clean shutdown hands over at once instead of after
+    /// T). Only for a process that has already stopped serving. Returns whether it held the row.
+    fn release(&mut self, utype: &str, uuid: Uuid) -> impl Future<Output = Result<bool, ArbiterError>> + Send;
     /// Drops the connection; the next call reconnects.
     fn reset(&mut self);
 }
@@ -150,6 +153,13 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.heartbeat(claim).await,
             AnyBackend::Mysql(b) => b.heartbeat(claim).await,
             AnyBackend::Sqlite(b) => b.heartbeat(claim).await,
+        }
+    }
+    async fn release(&mut self, utype: &str, uuid: Uuid) -> Result<bool, ArbiterError> {
+        match self {
+            AnyBackend::Postgres(b) => b.release(utype, uuid).await,
+            AnyBackend::Mysql(b) => b.release(utype, uuid).await,
+            AnyBackend::Sqlite(b) => b.release(utype, uuid).await,
         }
     }
     fn reset(&mut self) {

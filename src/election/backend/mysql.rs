@@ -18,6 +18,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 
 use super::{ArbiterError, Backend, Beat, Claim, HolderRow, InitOutcome, TABLE};
+use crate::election::Uuid;
 use crate::config::TlsMode;
 
 pub fn schema_sql() -> String {
@@ -196,6 +197,14 @@ impl Backend for MyBackend {
             self.conn = Some(conn);
         }
         r
+    }
+
+    async fn release(&mut self, utype: &str, uuid: Uuid) -> Result<bool, ArbiterError> {
+        let conn = self.conn().await?;
+        conn.exec_drop(format!("UPDATE {TABLE} SET ts = UTC_TIMESTAMP(6) - INTERVAL (timeout_ms + 1) * 1000 MICROSECOND WHERE utype = ? AND uuid = ?"), (utype, uuid.to_string()))
+            .await
+            .map_err(|e| ArbiterError::Query(my_err(e)))?;
+        Ok(conn.affected_rows() > 0)
     }
 
     fn reset(&mut self) {

@@ -11,6 +11,7 @@ use std::path::Path;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{ArbiterError, Backend, Beat, Claim, HolderRow, InitOutcome, TABLE, tls};
+use crate::election::Uuid;
 use crate::config::TlsMode;
 
 pub fn schema_sql() -> String {
@@ -230,6 +231,16 @@ impl Backend for PgBackend {
             self.conn = None;
         }
         r
+    }
+
+    async fn release(&mut self, utype: &str, uuid: Uuid) -> Result<bool, ArbiterError> {
+        let c = self.conn().await?;
+        let n = c
+            .client
+            .execute(&format!("UPDATE {TABLE} SET ts = now() - (timeout_ms + 1) * interval '1 millisecond' WHERE utype = $1 AND uuid = $2"), &[&utype, &uuid.to_string()])
+            .await
+            .map_err(|e| ArbiterError::Query(pg_err(e)))?;
+        Ok(n > 0)
     }
 
     fn reset(&mut self) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ArbiterError, Backend, Beat, Claim, HolderRow, InitOutcome, TABLE};
+use crate::election::Uuid;
 
 const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
@@ -143,6 +144,15 @@ impl Backend for LiteBackend {
     async fn heartbeat(&mut self, claim: &Claim) -> Result<Beat, ArbiterError> {
         let claim = claim.clone();
         self.with(move |c| heartbeat_on(c, &claim)).await
+    }
+
+    async fn release(&mut self, utype: &str, uuid: Uuid) -> Result<bool, ArbiterError> {
+        let (utype, uuid) = (utype.to_string(), uuid.to_string());
+        self.with(move |c| {
+            let n = c.execute(&format!("UPDATE {TABLE} SET ts = {NOW_US} - (timeout_ms + 1) * 1000 WHERE utype = ?1 AND uuid = ?2"), params![utype, uuid]).map_err(lite_err)?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     fn reset(&mut self) {
