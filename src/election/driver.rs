@@ -59,7 +59,9 @@ impl<B: Backend> Election<B> {
     /// At start-up: the row's T must equal ours. An unreachable arbiter is not an error here
     /// (the box stays standby and keeps trying); a mismatch is.
     pub async fn startup_check(&mut self) -> Result<(), ElectionError> {
-        match tokio::time::timeout(super::backend::CONNECT_TIMEOUT, self.backend.read(&self.claim.utype)).await {
+        // Bounded by T as well: an unreachable arbiter must not hold up the DHCP service start.
+        let limit = super::backend::CONNECT_TIMEOUT.min(self.params.timeout);
+        match tokio::time::timeout(limit, self.backend.read(&self.claim.utype)).await {
             Ok(Ok(Some(row))) if row.timeout_ms != self.claim.timeout_ms => Err(ElectionError::Halted(format!(
                 "the arbiter's row for utype {:?} has T = {} ms but this box has timeout_ms = {}; both boxes must use the same T (`twinlease arbiter init` adopts a new T once the row has expired)",
                 self.claim.utype, row.timeout_ms, self.claim.timeout_ms
