@@ -254,7 +254,7 @@ fn start_pair() -> (PgArbiter, Vec<Node>, usize) {
     assert!(init.contains("arbiter ready"), "{init}");
     nodes[0].start();
     nodes[1].start();
-    let a = wait_active(&nodes, Duration::from_secs(10));
+    let a = wait_active(&nodes, Duration::from_secs(20));
     // Let it settle for a few intervals; the other must stay standby.
     std::thread::sleep(Duration::from_millis(3 * I_MS()));
     assert!(!nodes[1 - a].logged_active(), "both active:\n{}", logs(&nodes));
@@ -392,7 +392,7 @@ fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
     assert!(init.contains("arbiter ready"), "{init}");
     nodes[0].start();
     nodes[1].start();
-    let a = wait_active(&nodes, Duration::from_secs(10));
+    let a = wait_active(&nodes, Duration::from_secs(20));
     let b = 1 - a;
     std::thread::sleep(Duration::from_millis(3 * I_MS()));
     assert!(!nodes[b].logged_active(), "both active:\n{}", logs(&nodes));
