@@ -18,7 +18,7 @@ deps:
 
 # Unit + property tests, then the integration tests (real clients in namespaces, run in parallel).
 test: deps
-	$(CARGO) test --all-targets -- --test-threads=$${TEST_THREADS:-8}
+	$(CARGO) test --all-targets --features fault-injection -- --test-threads=$${TEST_THREADS:-8}
 
 test-unit:
 	$(CARGO) test --lib

@@ -67,6 +67,8 @@ impl Engine {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.apply_role();
         loop {
+            #[cfg(feature = "fault-injection")]
+            super::fault::engine_checkpoint();
             self.stats.alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
                 _ = &mut self.shutdown => break,
