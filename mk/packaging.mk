@@ -4,6 +4,8 @@
 #   make cross         dist/twinlease-aarch64  (aarch64-unknown-linux-musl, cargo-zigbuild)
 #   make check-static  file/ldd checks of both + size report (dist/SIZES.txt)
 #   make test-cross    the aarch64 binary under qemu-aarch64-static: version, check-config, DHCP
+#   make test-packaging all of the above from scratch; `make test` runs it after the cargo tests
+#                      (PACKAGING_TESTS=0 skips it: two release builds, ~8 min cold on 2 cores)
 #   make install DESTDIR=… PREFIX=… [ARCH=x86_64|aarch64 | BIN=path]
 #
 # Tools are fetched only when missing: the rustup targets, and Zig (PyPI `ziglang`) with
@@ -29,7 +31,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/twinlease
 ARCH        ?= $(shell uname -m)
 BIN         ?= $(DIST)/twinlease-$(ARCH)
 
-.PHONY: static cross check-static test-cross install uninstall packaging-tools rust-targets zig-tools size-report
+.PHONY: static cross check-static test-cross test-packaging install uninstall packaging-tools rust-targets zig-tools size-report
 
 # ---- tools -------------------------------------------------------------------------------
 
@@ -88,6 +90,13 @@ size-report: check-static
 test-cross: deps $(DIST)/twinlease-aarch64
 	@scripts/check-static.sh $(DIST)/twinlease-aarch64 aarch64
 	scripts/test-cross.sh $(DIST)/twinlease-aarch64
+
+# Everything a firmware engineer runs, checked: both builds (always run through cargo, so a dependency
+# that breaks the static or cross build fails here), file/ldd, sizes, the aarch64 run.
+PACKAGING_TESTS ?= 1
+test-packaging: static cross
+	@scripts/size-report.sh $(DIST) | tee $(DIST)/SIZES.txt
+	scripts/test-cross.sh $(DIST)/twinlease-aarch64 $(DIST)/twinlease-x86_64
 
 # ---- install tree ------------------------------------------------------------------------
 
