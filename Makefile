@@ -28,9 +28,10 @@ demo: deps
 	$(CARGO) build --release --quiet
 	@bash scripts/demo.sh target/release/twinlease
 
-bench: deps
+bench:
+	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
 	$(CARGO) build --profile bench-fast --quiet
-	@bash bench/dhcp-ladder.sh target/bench-fast/twinlease
+	@setsid -w bash bench/dhcp-ladder.sh target/bench-fast/twinlease
 
 clean:
 	$(CARGO) clean

@@ -8,8 +8,9 @@
 #                      (PACKAGING_TESTS=0 skips it: two release builds, ~8 min cold on 2 cores)
 #   make install DESTDIR=… PREFIX=… [ARCH=x86_64|aarch64 | BIN=path]
 #
-# Tools are fetched only when missing: the rustup targets, and Zig (PyPI `ziglang`) with
-# cargo-zigbuild (PyPI) in a virtualenv under .tools/ (ignored by git).
+# Tools are fetched only when missing: Debian packages from scripts/apt-deps-packaging.txt, the
+# rustup targets, and Zig (PyPI `ziglang`) with cargo-zigbuild (PyPI) in a virtualenv under
+# .tools/ (ignored by git).
 
 X86_TARGET    := x86_64-unknown-linux-musl
 ARM_TARGET    := aarch64-unknown-linux-musl
@@ -31,7 +32,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/twinlease
 ARCH        ?= $(shell uname -m)
 BIN         ?= $(DIST)/twinlease-$(ARCH)
 
-.PHONY: static cross check-static test-cross test-packaging install uninstall packaging-tools rust-targets zig-tools size-report
+.PHONY: packaging-deps static cross check-static test-cross test-packaging install uninstall packaging-tools rust-targets zig-tools size-report
 
 # ---- tools -------------------------------------------------------------------------------
 
@@ -47,13 +48,16 @@ $(VENV)/bin/cargo-zigbuild:
 
 zig-tools: $(VENV)/bin/cargo-zigbuild
 
-packaging-tools: deps rust-targets zig-tools
+packaging-deps:
+	@scripts/ensure-deps.sh scripts/apt-deps-packaging.txt
+
+packaging-tools: packaging-deps rust-targets zig-tools
 
 # ---- binaries ----------------------------------------------------------------------------
 
 # Bundled SQLite (and, once TLS lands, ring) are C: musl-gcc from Debian's musl-tools compiles
 # them for the x86_64 musl target; the Rust side links against Rust's own musl.
-static: deps rust-targets
+static: packaging-deps rust-targets
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release --locked --target $(X86_TARGET) && \
@@ -63,7 +67,7 @@ static: deps rust-targets
 
 # Debian's aarch64 gcc brings glibc headers, which do not link against Rust's musl 1.2.5;
 # zig cc targets musl itself. The first run fills zig's cache (~1 min).
-cross: deps rust-targets zig-tools
+cross: packaging-deps rust-targets zig-tools
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-zigbuild build --release --locked --target $(ARM_TARGET) && \
@@ -87,7 +91,7 @@ size-report: check-static
 
 # ---- proof that the aarch64 binary runs --------------------------------------------------
 
-test-cross: deps $(DIST)/twinlease-aarch64
+test-cross: packaging-deps $(DIST)/twinlease-aarch64
 	@scripts/check-static.sh $(DIST)/twinlease-aarch64 aarch64
 	scripts/test-cross.sh $(DIST)/twinlease-aarch64
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, only when it is missing.
-# Each line of scripts/apt-deps.txt is "<command-or-path> <debian-package>".
+# Each line of the lists (default scripts/apt-deps.txt) is "<command-or-path> <debian-package>".
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+lists=("$@")
+((${#lists[@]})) || lists=("$here/apt-deps.txt")
 missing=()
 while read -r probe pkg; do
     [[ -z "${probe:-}" || "$probe" == \#* ]] && continue
@@ -12,7 +14,7 @@ while read -r probe pkg; do
         command -v "$probe" >/dev/null 2>&1 && continue
     fi
     missing+=("$pkg")
-done < "$here/apt-deps.txt"
+done < <(cat "${lists[@]}")
 if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -228,7 +228,7 @@ fn log_transition(t: &crate::lease::Transition) {
     let b = &t.new;
     let client = b.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();
     match b.state {
-        LeaseState::Leased => tracing::info!(address = %b.addr, %client, expires = b.expires, term = b.term, hostname = b.hostname.as_deref().unwrap_or(""), "lease granted"),
+        LeaseState::Leased => tracing::info!(address = %b.addr, %client, expires = b.expires, term = b.term, hostname = b.hostname.as_deref().unwrap_or("-"), "lease granted"),
         LeaseState::Declined => tracing::warn!(address = %b.addr, until = b.expires, "address quarantined (declined or in use)"),
         LeaseState::Free if t.expect_owner.is_some() => tracing::debug!(address = %b.addr, %client, "address freed"),
         _ => tracing::trace!(address = %b.addr, state = b.state.name(), "transition"),

@@ -33,6 +33,8 @@ pub enum StoreError {
     DiskFull,
     #[error("lease store: the database or its directory is read-only; no DHCPACK is sent until it is writable")]
     ReadOnly,
+    #[error("lease store: disk I/O error ({0}); the disk may be failing or read-only; no DHCPACK is sent until it is repaired")]
+    Io(String),
     #[error("lease store: the database file is corrupt ({0}); restart twinlease to quarantine it and start a fresh one")]
     Corrupt(String),
     #[error("lease store: {addr} was changed underneath (expected version {expected}); the batch was rolled back")]
@@ -49,6 +51,7 @@ impl From<rusqlite::Error> for StoreError {
             Some(ErrorCode::DiskFull) => StoreError::DiskFull,
             Some(ErrorCode::ReadOnly) => StoreError::ReadOnly,
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::Corrupt(e.to_string()),
+            Some(ErrorCode::SystemIoFailure) => StoreError::Io(e.to_string()),
             _ => StoreError::Sql(e),
         }
     }

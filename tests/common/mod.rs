@@ -349,7 +349,12 @@ pub fn dhcpcd_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Outp
     let ev = dir.join(format!("dhcpcd-{iface}.events"));
     let script = dir.join(format!("dhcpcd-{iface}.sh"));
     write_script(&script, &format!("printf 'reason=%s\\tip=%s\\tlease=%s\\n' \"$reason\" \"$new_ip_address\" \"$new_dhcp_lease_time\" >> {}\n", ev.display()));
+    // dhcpcd keeps leases per interface name in /var/lib/dhcpcd; names can repeat across runs,
+    // and an old lease would turn a fresh DORA into an INIT-REBOOT.
+    let forget = || sh(&format!("rm -f /var/lib/dhcpcd/{iface}.lease /var/lib/dhcpcd/{iface}-*.lease"));
+    forget();
     let out = ns.cmd("dhcpcd").args(["-4", "-1", "-B", "-f", "/dev/null", "--noipv4ll", "-t", "20", "-c"]).arg(&script).args(extra).arg(iface).output().unwrap();
+    forget();
     (out, ev)
 }
 
