@@ -5,7 +5,8 @@
 //! work are seen going round: the engine task (`EngineStats::alive_ms`, at least once a second)
 //! and the lease store thread (`WriterStats::alive_ms`, at least every 500 ms). If either stops
 //! moving for [`STALE_AFTER`], the pings stop and systemd restarts the service once WatchdogSec
-//! has passed without one. A stuck tokio runtime stops the engine's counter, so it stops them
+//! has passed without one. Health is checked about once a second, so a short stall only delays
+//! a ping (see [`PingSchedule`]). A stuck tokio runtime stops the engine's counter, so it stops them
 //! too. The pings come from a small thread of their own, which keeps reporting (log, STATUS=)
 //! whatever is wedged.
 
@@ -119,6 +120,36 @@ impl Health {
     }
 }
 
+/// When to ping. Health is checked about once a second (every `tick`), and a ping is sent on
+/// the first healthy check once `WatchdogSec/2` has passed since the last one. A short stall
+/// (a slow fsync) at the moment of a check therefore only delays a ping by a tick or two; only
+/// a loop that stays still for about half of WatchdogSec makes systemd act.
+#[derive(Debug)]
+struct PingSchedule {
+    tick: Duration,
+    every: u32,
+    since: u32,
+}
+
+impl PingSchedule {
+    fn new(watchdog: Duration) -> PingSchedule {
+        let half = (watchdog / 2).max(Duration::from_millis(10));
+        let every = half.as_micros().div_ceil(1_000_000).max(1) as u32;
+        // The first check pings at once.
+        PingSchedule { tick: half / every, every, since: every }
+    }
+
+    /// Called once per tick; true when a ping is due now.
+    fn due(&mut self, healthy: bool) -> bool {
+        self.since = self.since.saturating_add(1);
+        if healthy && self.since > self.every {
+            self.since = 1;
+            return true;
+        }
+        false
+    }
+}
+
 pub struct StatusReporter {
     role: RoleRx,
     engine: Arc<EngineStats>,
@@ -159,8 +190,8 @@ impl StatusReporter {
     }
 
     fn run(self, watchdog: Option<Duration>, stopped: std::sync::mpsc::Receiver<()>) {
-        let ping_every = watchdog.map(|w| (w / 2).max(Duration::from_millis(10)));
-        let period = ping_every.map_or(STATUS_EVERY, |p| p.min(STATUS_EVERY));
+        let mut pings = watchdog.map(PingSchedule::new);
+        let period = pings.as_ref().map_or(Duration::from_secs(1), |p| p.tick);
         let (e, w) = self.alive();
         let mut health = Health::new(e, w, Instant::now());
         let mut last_status = Instant::now();
@@ -178,7 +209,7 @@ impl StatusReporter {
             let (e, w) = self.alive();
             match health.check(e, w, now) {
                 Ok(()) => {
-                    if ping_every.is_some() {
+                    if pings.as_mut().is_some_and(|p| p.due(true)) {
                         send(&[NotifyState::Watchdog]);
                     }
                     if let Some(c) = wedged.take() {
@@ -188,6 +219,9 @@ impl StatusReporter {
                     }
                 }
                 Err(Wedged { component, still_for }) => {
+                    if let Some(p) = pings.as_mut() {
+                        p.due(false);
+                    }
                     if wedged.is_none() {
                         tracing::error!(component, still_secs = still_for.as_secs(), "{component} has stopped; withholding watchdog pings so systemd restarts the service");
                         wedged = Some(component);
@@ -246,6 +280,30 @@ mod tests {
         assert_eq!(watchdog_timeout(Some("0"), None, 7), None);
         assert_eq!(watchdog_timeout(Some("soon"), None, 7), None);
         assert_eq!(watchdog_timeout(None, Some("7"), 7), None);
+    }
+
+    #[test]
+    fn pings_every_half_timeout_in_ticks_of_at_most_a_second() {
+        let p = PingSchedule::new(Duration::from_secs(30));
+        assert_eq!((p.tick, p.every), (Duration::from_secs(1), 15));
+        let p = PingSchedule::new(Duration::from_secs(2));
+        assert_eq!((p.tick, p.every), (Duration::from_secs(1), 1));
+        let p = PingSchedule::new(Duration::from_millis(500));
+        assert_eq!((p.tick, p.every), (Duration::from_millis(250), 1));
+        let p = PingSchedule::new(Duration::from_secs(5));
+        assert_eq!((p.tick, p.every), (Duration::from_nanos(833_333_333), 3));
+    }
+
+    #[test]
+    fn a_short_stall_delays_a_ping_and_a_long_one_stops_them() {
+        let mut p = PingSchedule::new(Duration::from_secs(6)); // 3 ticks of 1 s
+        let run = |p: &mut PingSchedule, health: &[bool]| health.iter().map(|&h| p.due(h)).collect::<Vec<_>>();
+        assert_eq!(run(&mut p, &[true, true, true, true, true, true, true]), [true, false, false, true, false, false, true]);
+        // Unhealthy when a ping was due: it goes out at the first healthy tick.
+        assert_eq!(run(&mut p, &[true, true, false, true, true, true, true]), [false, false, false, true, false, false, true]);
+        // Wedged: no pings at all.
+        assert!(run(&mut p, &[false; 20]).iter().all(|d| !d));
+        assert_eq!(run(&mut p, &[true]), [true]);
     }
 
     #[test]
