@@ -15,6 +15,7 @@
 X86_TARGET    := x86_64-unknown-linux-musl
 ARM_TARGET    := aarch64-unknown-linux-musl
 DIST          := dist
+TARGET_DIR    ?= $(or $(CARGO_TARGET_DIR),target)
 TOOLS         := $(CURDIR)/.tools
 VENV          := $(TOOLS)/venv
 PYTHON        ?= python3
@@ -61,7 +62,7 @@ static: packaging-deps rust-targets
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release --locked --target $(X86_TARGET) && \
-	cp target/$(X86_TARGET)/release/twinlease $(DIST)/twinlease-x86_64 && \
+	cp $(TARGET_DIR)/$(X86_TARGET)/release/twinlease $(DIST)/twinlease-x86_64 && \
 	echo "x86_64 build: $$(( $$(date +%s) - start )) s" | tee $(DIST)/build-time-x86_64.txt
 	@scripts/check-static.sh $(DIST)/twinlease-x86_64 x86-64
 
@@ -71,7 +72,7 @@ cross: packaging-deps rust-targets zig-tools
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-zigbuild build --release --locked --target $(ARM_TARGET) && \
-	cp target/$(ARM_TARGET)/release/twinlease $(DIST)/twinlease-aarch64 && \
+	cp $(TARGET_DIR)/$(ARM_TARGET)/release/twinlease $(DIST)/twinlease-aarch64 && \
 	echo "aarch64 build: $$(( $$(date +%s) - start )) s" | tee $(DIST)/build-time-aarch64.txt
 	@scripts/check-static.sh $(DIST)/twinlease-aarch64 aarch64
 

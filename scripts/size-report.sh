@@ -5,7 +5,7 @@
 set -euo pipefail
 dist="${1:-dist}"
 budget=12000000
-printf '%-22s %12s %9s %8s  %s\n' binary bytes MiB budget "build time"
+printf '%-22s %12s %9s %8s  %s\n' binary bytes MiB budget "last build"
 for f in "$dist"/twinlease-*; do
     [[ -f "$f" && -x "$f" ]] || continue
     arch="${f##*/twinlease-}"
