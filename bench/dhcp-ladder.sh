@@ -135,7 +135,8 @@ run_step() {
 }
 
 kinds=(twinlease)
-if command -v kea-dhcp4 >/dev/null; then kinds+=(kea); else echo "(kea-dhcp4 not installed: twinlease only)"; fi
+if [[ ${KEA:-1} == 0 ]]; then :
+elif command -v kea-dhcp4 >/dev/null; then kinds+=(kea); else echo "(kea-dhcp4 not installed: twinlease only)"; fi
 
 declare -A result
 for rate in $RATES; do

@@ -158,6 +158,10 @@ pub struct Binding {
     pub version: u64,
     /// Election term under which the change was made (fencing token for lease sync).
     pub term: u64,
+    /// Causal counter of this address's content: every change sets it one above the content it
+    /// replaces, and a copy from the partner keeps it. Unlike `version` (local to each box) it
+    /// is the same on both boxes, so the conflict rule can order changes made within one second.
+    pub seq: u64,
     /// Hardware address of the last client, for display.
     pub hw: Vec<u8>,
     pub hostname: Option<String>,
@@ -166,7 +170,7 @@ pub struct Binding {
 impl Binding {
     /// A never-used address: free and available since the epoch.
     pub fn fresh(addr: Ipv4Addr) -> Binding {
-        Binding { addr, state: LeaseState::Free, owner: None, expires: 0, cltt: 0, version: 0, term: 0, hw: Vec::new(), hostname: None }
+        Binding { addr, state: LeaseState::Free, owner: None, expires: 0, cltt: 0, version: 0, term: 0, seq: 0, hw: Vec::new(), hostname: None }
     }
 
     /// Busy and not yet past its expiry.

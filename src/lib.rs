@@ -11,6 +11,7 @@ pub mod config;
 pub mod dhcp;
 pub mod lease;
 pub mod store;
+pub mod sync;
 pub mod logging;
 pub mod role;
 pub mod server;

@@ -27,6 +27,10 @@ enum Command {
         /// Use this directory for the lease database instead of [node] state_dir.
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        /// Test only, until the election decides: fix this box's role ("standby" or
+        /// "active:TERM").
+        #[arg(long, value_name = "ROLE", hide = true)]
+        pin_role: Option<String>,
     },
     /// Validate a configuration file; exit 0 if it is valid, 1 with the reason if not.
     CheckConfig {
@@ -45,6 +49,15 @@ enum Command {
         /// Include free addresses that have a history (previous owner, affinity hold).
         #[arg(long)]
         all: bool,
+    },
+    /// Show the lease conflicts lease sync resolved (both bindings and which one was kept).
+    Conflicts {
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
     /// Print the version.
     Version,
@@ -86,14 +99,55 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         },
-        Command::Run { config, state_dir } => {
+        Command::Run { config, state_dir, pin_role } => {
             let cfg = load(&config, state_dir)?;
+            let pinned = match pin_role.as_deref() {
+                None => None,
+                Some("standby") => Some(twinlease::role::Role::Standby),
+                Some(r) => match r.strip_prefix("active:").and_then(|t| t.parse().ok()) {
+                    Some(term) => Some(twinlease::role::Role::Active { term }),
+                    None => anyhow::bail!("--pin-role takes \"standby\" or \"active:TERM\""),
+                },
+            };
             twinlease::logging::init(cfg.log_filter.as_deref());
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the runtime")?;
+            // One thread for the whole async side: a request then never hops between worker threads on
+            // the way through; the blocking work (fsync) has its own thread in the store writer.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async {
-                let (_role_tx, role) = twinlease::role::standalone();
+                let (_role_tx, role) = match pinned {
+                    Some(r) => tokio::sync::watch::channel(r),
+                    None => twinlease::role::standalone(),
+                };
                 twinlease::server::run(cfg, role).await
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Conflicts { config, state_dir, json } => {
+            let cfg = load(&config, state_dir)?;
+            let path = cfg.lease_db_path();
+            if !path.exists() {
+                anyhow::bail!("no lease database at {} (has the server run yet?)", path.display());
+            }
+            let list = LeaseStore::open_read_only(&path)?.conflicts()?;
+            let side = |b: &twinlease::lease::Binding| {
+                serde_json::json!({
+                    "address": b.addr.to_string(), "state": b.state.name(), "client": b.owner.as_ref().map(|o| o.to_string()),
+                    "expires": b.expires, "cltt": b.cltt, "term": b.term,
+                })
+            };
+            if json {
+                let v: Vec<serde_json::Value> = list.iter().map(|c| serde_json::json!({"at": c.at, "at_utc": utc(c.at), "kind": c.kind.name(), "winner": side(&c.winner), "loser": side(&c.loser)})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for c in &list {
+                    let who = |b: &twinlease::lease::Binding| b.owner.as_ref().map_or("-".to_string(), |o| o.to_string());
+                    println!(
+                        "{} {}: kept {} for {} (term {}, cltt {}); lost {} for {} (term {}, cltt {})",
+                        utc(c.at), c.kind.name(), c.winner.addr, who(&c.winner), c.winner.term, c.winner.cltt, c.loser.addr, who(&c.loser), c.loser.term, c.loser.cltt
+                    );
+                }
+                println!("{} conflicts", list.len());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Leases { config, state_dir, json, all } => {

@@ -283,3 +283,43 @@ fn relayed_clients_from_perfdhcp_all_get_leases() {
     assert_eq!(hws.len(), leased.len(), "one address per client");
     assert!(leased.len() >= 100 && leased.len() as u64 <= p.acks, "{} leases for {} ACKs", leased.len(), p.acks);
 }
+
+#[test]
+fn garbage_on_port_67_is_dropped_and_service_continues() {
+    let mut lan = Lan::new(LAN);
+    let noisy = lan.add_client();
+    let c = lan.add_client();
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "ping_check = false", "")));
+    let (ns, iface) = lan.client(noisy);
+    ns.ip(&format!("addr add 198.18.0.66/24 dev {iface}"));
+    // Random bytes, truncated headers, a BOOTREPLY, bogus option lengths, oversized datagrams:
+    // broadcast and unicast, 600 datagrams in all, bounded in count.
+    let script = r#"
+import os, random, socket
+r = random.Random(67)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.bind(("198.18.0.66", 68))
+def valid():
+    m = bytearray(240); m[0] = 1; m[1] = 1; m[2] = 6; m[28:34] = bytes([2,0,0,0,0,r.randrange(256)])
+    m[236:240] = bytes([99,130,83,99]); return m
+for i in range(600):
+    kind = i % 6
+    if kind == 0: p = os.urandom(r.randrange(0, 1500))
+    elif kind == 1: p = bytes(valid()[:r.randrange(0, 240)])
+    elif kind == 2: m = valid(); m[0] = 2; p = bytes(m + bytes([53,1,1,255]))
+    elif kind == 3: p = bytes(valid() + bytes([53,1,1, 12,200]) + b"x" * 5)
+    elif kind == 4: p = bytes(valid() + bytes([53,1,1]) + os.urandom(r.randrange(0, 3000)))
+    else: m = valid(); m[2] = r.randrange(17, 256); p = bytes(m + bytes([53,1,1,255]))
+    dst = "255.255.255.255" if i % 2 else "198.18.0.1"
+    try: s.sendto(p, (dst, 67))
+    except OSError: pass
+"#;
+    run(ns.cmd("python3").arg("-c").arg(script));
+    let (ns, iface) = lan.client(c);
+    let (out, _) = udhcpc_once(ns, iface, dir.path(), &[]);
+    assert!(out.status.success(), "a real client is still served after the garbage");
+    assert!(srv.child.try_wait().unwrap().is_none(), "the server survived");
+    srv.stop();
+}

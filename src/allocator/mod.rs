@@ -21,11 +21,14 @@
 
 mod choose;
 mod reaper;
+mod replica;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
+
+use rustc_hash::FxHashMap;
 
 pub use choose::Choice;
 
@@ -68,6 +71,9 @@ struct Slot {
     subnet: SubnetId,
     /// Index into `reservations` if this address is reserved (never in the dynamic queue).
     reserved: Option<usize>,
+    /// The version of this binding the partner is known to hold (synced iff equal to
+    /// `b.version`); mirrors the store's `peer_synced_version`.
+    synced: u64,
 }
 
 /// Why a transition could not be applied.
@@ -84,7 +90,11 @@ pub enum AllocError {
 #[derive(Debug, Clone)]
 pub struct Allocator {
     policy: Policy,
-    slots: HashMap<Ipv4Addr, Slot>,
+    /// Keyed by configured addresses only (never by what clients send), so a fast
+    /// non-randomised hash is safe here.
+    slots: FxHashMap<Ipv4Addr, Slot>,
+    /// Number of addresses in each state, kept by `install`.
+    state_counts: [usize; 5],
     /// Per subnet: free dynamic addresses by (next-available, address).
     free: Vec<BTreeSet<(UnixSecs, Ipv4Addr)>>,
     /// Every busy address by (expiry, address), for the reaper.
@@ -106,7 +116,8 @@ impl Allocator {
     pub fn new(config: &Config) -> Allocator {
         let mut a = Allocator {
             policy: Policy::from_config(config),
-            slots: HashMap::new(),
+            slots: FxHashMap::default(),
+            state_counts: [0; 5],
             free: vec![BTreeSet::new(); config.subnets.len()],
             busy: BTreeSet::new(),
             by_client: HashMap::new(),
@@ -124,15 +135,17 @@ impl Allocator {
             for id in &r.client_ids {
                 a.by_client_id.insert(id.clone().into(), i);
             }
-            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i) });
+            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i), synced: 0 });
+            a.state_counts[0] += 1;
         }
         for (sid, s) in config.subnets.iter().enumerate() {
             for addr in s.dynamic_addresses() {
                 if a.slots.contains_key(&addr) {
                     continue; // reserved: never handed out dynamically
                 }
-                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None });
+                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None, synced: 0 });
                 a.free[sid].insert((0, addr));
+                a.state_counts[0] += 1;
             }
         }
         a
@@ -206,13 +219,9 @@ impl Allocator {
         (b.state.is_busy() && b.is_owned_by(client)).then_some(b)
     }
 
-    /// Number of busy addresses by state, for status displays.
-    pub fn counts(&self) -> HashMap<LeaseState, usize> {
-        let mut m = HashMap::new();
-        for s in self.slots.values() {
-            *m.entry(s.b.state).or_insert(0) += 1;
-        }
-        m
+    /// Number of addresses in `state` (expired but not yet reaped ones still count as busy).
+    pub fn count(&self, state: LeaseState) -> usize {
+        self.state_counts[state.code() as usize]
     }
 
     pub fn len(&self) -> usize {
@@ -244,12 +253,14 @@ impl Allocator {
     }
 
     /// Replaces a slot's binding and keeps every index in step with it.
-    fn install(&mut self, new: Binding) {
+    pub(crate) fn install(&mut self, new: Binding) {
         let addr = new.addr;
         let Some(slot) = self.slots.get_mut(&addr) else { return };
         let old = std::mem::replace(&mut slot.b, new);
         let (subnet, dynamic) = (slot.subnet, slot.reserved.is_none());
         let new = &slot.b;
+        self.state_counts[old.state.code() as usize] -= 1;
+        self.state_counts[new.state.code() as usize] += 1;
         if old.state.is_busy() {
             self.busy.remove(&(old.expires, addr));
         } else if dynamic {
@@ -268,8 +279,16 @@ impl Allocator {
                 self.by_client.remove(&key);
             }
         }
-        if let Some(n) = &new.owner {
-            self.by_client.insert((subnet, n.clone()), addr);
+        if let Some(n) = new.owner.clone() {
+            let busy = new.state.is_busy();
+            let key = (subnet, n);
+            // A free binding remembers its last client (affinity) but must not hide a busy
+            // binding the client holds elsewhere (lease sync frees a client's losing address).
+            let holds_other = !busy
+                && self.by_client.get(&key).is_some_and(|a| *a != addr && self.slots.get(a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(&key.1)));
+            if !holds_other {
+                self.by_client.insert(key, addr);
+            }
         }
     }
 
@@ -279,6 +298,7 @@ impl Allocator {
         let mut new = old.clone();
         edit(&mut new);
         new.version = old.version + 1;
+        new.seq = old.seq + 1;
         new.term = self.term;
         let t = Transition { expect_version: old.version, expect_owner: old.owner.clone(), new };
         self.install(t.new.clone());

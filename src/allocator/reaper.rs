@@ -115,6 +115,12 @@ impl Allocator {
         if self.busy.len() != self.slots.values().filter(|s| s.b.state.is_busy()).count() {
             return Err("busy index size differs from busy slots".into());
         }
+        for st in [LeaseState::Free, LeaseState::Probing, LeaseState::Offered, LeaseState::Leased, LeaseState::Declined] {
+            let n = self.slots.values().filter(|s| s.b.state == st).count();
+            if self.count(st) != n {
+                return Err(format!("{} {st:?} counted, {n} present", self.count(st)));
+            }
+        }
         Ok(())
     }
 }

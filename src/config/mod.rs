@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 
-pub use wire::AliasBusyPolicy;
+pub use wire::{AliasBusyPolicy, SyncMode};
 
 /// A configuration that passed every check.
 #[derive(Debug, Clone)]
@@ -21,6 +21,40 @@ pub struct Config {
     pub subnets: Vec<Subnet>,
     pub reservations: Vec<Reservation>,
     pub log_filter: Option<String>,
+    pub peer: Option<Peer>,
+}
+
+/// The partner box and how leases are synced to it.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub listen: std::net::SocketAddr,
+    pub address: std::net::SocketAddr,
+    pub key_file: PathBuf,
+    /// Where `key_file` is written in the configuration, for errors found when it is read.
+    pub key_file_at: (PathBuf, usize, usize),
+    pub sync_mode: SyncMode,
+    pub ack_timeout_ms: u64,
+}
+
+impl Peer {
+    /// Reads the shared key. Refuses a key readable by group or others (it authenticates every
+    /// lease the partner will store) and one too short to be a real secret.
+    pub fn read_key(&self) -> Result<Vec<u8>, ConfigError> {
+        use std::os::unix::fs::PermissionsExt;
+        let (path, line, column) = self.key_file_at.clone();
+        let invalid = |message: String, hint: &str| ConfigError::Invalid { path: path.clone(), line, column, message, hint: hint.to_string() };
+        let meta = std::fs::metadata(&self.key_file).map_err(|e| invalid(format!("cannot read key_file {}: {e}", self.key_file.display()), "create it with `head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE` and copy it to the partner"))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(invalid(format!("key_file {} has mode {mode:04o}; it must not be readable by group or others", self.key_file.display()), "run `chmod 600` on it"));
+        }
+        let text = std::fs::read(&self.key_file).map_err(|e| invalid(format!("cannot read key_file {}: {e}", self.key_file.display()), "check the file's owner and mode"))?;
+        let key: Vec<u8> = text.trim_ascii().to_vec();
+        if key.len() < 16 {
+            return Err(invalid(format!("key_file {} holds {} bytes; at least 16 are needed", self.key_file.display(), key.len()), "use `head -c 32 /dev/urandom | base64` for a key"));
+        }
+        Ok(key)
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use ipnet::Ipv4Net;
 use toml::Spanned;
 
 use super::wire::{self, ConfigFile};
-use super::{AddrRange, Config, ConfigError, Dhcp, LocalAddrs, Node, Reservation, Subnet};
+use super::{AddrRange, Config, ConfigError, Dhcp, LocalAddrs, Node, Peer, Reservation, Subnet};
 
 /// Where we are in the file, to turn byte spans into line and column.
 struct Source<'a> {
@@ -88,6 +88,10 @@ pub(super) fn parse(path: &Path, text: &str, local: &LocalAddrs) -> Result<Confi
         subnets,
         reservations,
         log_filter: file.log.filter,
+        peer: match &file.peer {
+            Some(p) => Some(peer(&src, p)?),
+            None => None,
+        },
     })
 }
 
@@ -342,4 +346,35 @@ fn reservations(
         out.push(Reservation { name: name.clone(), hw, client_ids, ip, subnet, on_alias_busy: w.on_alias_busy.unwrap_or(default_policy) });
     }
     Ok(out)
+}
+
+fn socket_addr(src: &Source, v: &Spanned<String>, what: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    match v.get_ref().parse::<std::net::SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(a),
+        _ => Err(src.err(v.span(), format!("{what} {:?} is not an address and port", v.get_ref()), "write IP:PORT, e.g. \"198.18.1.1:6767\"")),
+    }
+}
+
+fn peer(src: &Source, p: &Spanned<wire::PeerSection>) -> Result<Peer, ConfigError> {
+    let sec = p.span();
+    let w = p.get_ref();
+    let listen = socket_addr(src, &w.listen, "listen")?;
+    let address = socket_addr(src, &w.address, "address")?;
+    if listen == address {
+        return Err(src.err(w.address.span(), format!("address {address} is this box's own listen address"), "set address to where the partner box listens"));
+    }
+    let key = w.key_file.get_ref();
+    if !key.starts_with('/') {
+        return Err(src.err(w.key_file.span(), format!("key_file {key:?} is not an absolute path"), "use an absolute path such as /etc/twinlease/peer.key"));
+    }
+    let ack = *w.ack_timeout_ms.get_ref();
+    if !(1..=10_000).contains(&ack) {
+        return Err(src.err(at(&w.ack_timeout_ms, &sec), format!("ack_timeout_ms = {ack} is out of range"), "use 1 to 10000 ms; it bounds how long a DHCPACK waits for the partner"));
+    }
+    let at_key = src.err(w.key_file.span(), "", "");
+    let key_file_at = match at_key {
+        ConfigError::Invalid { path, line, column, .. } => (path, line, column),
+        ConfigError::Read { path, .. } => (path, 0, 0),
+    };
+    Ok(Peer { listen, address, key_file: PathBuf::from(key), key_file_at, sync_mode: w.sync_mode, ack_timeout_ms: ack })
 }

@@ -20,6 +20,8 @@ pub struct ConfigFile {
     pub reservation: Vec<Spanned<ReservationSection>>,
     #[serde(default)]
     pub log: LogSection,
+    /// The partner box and the lease sync link; absent on a single box.
+    pub peer: Option<Spanned<PeerSection>>,
 }
 
 fn default_dhcp() -> Spanned<DhcpSection> {
@@ -147,4 +149,34 @@ pub struct ReservationSection {
 pub struct LogSection {
     /// A `RUST_LOG`-style filter; the `RUST_LOG` environment variable wins when set.
     pub filter: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// Where this box accepts the partner's connection ("IP:port").
+    pub listen: Spanned<String>,
+    /// Where the partner listens ("IP:port").
+    pub address: Spanned<String>,
+    /// Shared secret authenticating every frame on the link; must be mode 0600.
+    pub key_file: Spanned<String>,
+    #[serde(default)]
+    pub sync_mode: SyncMode,
+    #[serde(default = "default_ack_timeout")]
+    pub ack_timeout_ms: Spanned<u64>,
+}
+
+/// When a DHCPACK may leave relative to the partner's acknowledgement of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMode {
+    /// Hold the ACK until the partner has the lease on disk (bounded by ack_timeout_ms).
+    #[default]
+    BeforeAck,
+    /// Send the ACK once the lease is on local disk; the update follows.
+    AfterAck,
+}
+
+fn default_ack_timeout() -> Spanned<u64> {
+    Spanned::new(0..0, 200)
 }

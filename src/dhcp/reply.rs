@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::v4::{DhcpOption, DhcpOptions, HType, MessageType, OptionCode};
 use dhcproto::{Encodable, Encoder};
 
 use super::inbound::Request;
@@ -76,34 +76,31 @@ const DEFAULT_PARAMS: [OptionCode; 6] = [
     OptionCode::NtpServers,
 ];
 
-/// Encoded size of one option (code, length, data; long options split into 255-byte parts).
+/// Encoded size of one option (code, length, data). Computed for the options we send; the
+/// rare others are measured by encoding them.
 fn encoded_len(opt: &DhcpOption) -> usize {
-    let mut buf = Vec::new();
-    let _ = opt.encode(&mut Encoder::new(&mut buf));
-    buf.len()
+    let data = match opt {
+        DhcpOption::SubnetMask(_) | DhcpOption::BroadcastAddr(_) | DhcpOption::ServerIdentifier(_) => 4,
+        DhcpOption::AddressLeaseTime(_) | DhcpOption::Renewal(_) | DhcpOption::Rebinding(_) => 4,
+        DhcpOption::MessageType(_) => 1,
+        DhcpOption::Router(v) | DhcpOption::DomainNameServer(v) | DhcpOption::NtpServers(v) => 4 * v.len(),
+        DhcpOption::DomainName(n) => n.len(),
+        DhcpOption::ClientIdentifier(id) => id.len(),
+        other => {
+            let mut buf = Vec::new();
+            let _ = other.encode(&mut Encoder::new(&mut buf));
+            return buf.len();
+        }
+    };
+    // Options longer than 255 bytes are split into several (RFC 3396), each with its own header.
+    data + 2 * data.div_ceil(255).max(1)
 }
 
-/// Builds a reply of `kind` to `req`.
+/// Builds a reply of `kind` to `req`. The fixed BOOTP header is written here; dhcproto encodes
+/// the options.
 pub fn build(req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4Addr, subnet: Option<&Subnet>, times: Option<LeaseTimes>) -> Vec<u8> {
     let r = &req.msg;
-    let mut m = Message::default();
-    m.set_opcode(Opcode::BootReply)
-        .set_htype(r.htype())
-        .set_chaddr(&req.hw)
-        .set_xid(r.xid())
-        .set_giaddr(r.giaddr())
-        .set_yiaddr(yiaddr);
-    // ciaddr is echoed only in an ACK to a client that already has its address.
-    if kind == MessageType::Ack {
-        m.set_ciaddr(r.ciaddr());
-    }
-    let mut flags = r.flags();
-    if kind == MessageType::Nak && !r.giaddr().is_unspecified() {
-        flags = flags.set_broadcast(); // the relay must broadcast a NAK (RFC 2131 §4.3.2)
-    }
-    m.set_flags(Flags::new(u16::from(flags)));
-
-    let opts = m.opts_mut();
+    let mut opts = DhcpOptions::new();
     opts.insert(DhcpOption::MessageType(kind));
     opts.insert(DhcpOption::ServerIdentifier(server_id));
     if let Some(t) = times {
@@ -121,12 +118,12 @@ pub fn build(req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4
     if kind != MessageType::Nak
         && let Some(s) = subnet
     {
-        let requested: Vec<OptionCode> = match r.opts().get(OptionCode::ParameterRequestList) {
-            Some(DhcpOption::ParameterRequestList(list)) => list.clone(),
-            _ => DEFAULT_PARAMS.to_vec(),
+        let requested: &[OptionCode] = match r.opts().get(OptionCode::ParameterRequestList) {
+            Some(DhcpOption::ParameterRequestList(list)) => list,
+            _ => &DEFAULT_PARAMS,
         };
         // The client's order is its priority: fill in that order, skip what does not fit.
-        for code in requested {
+        for &code in requested {
             if opts.get(code).is_some() {
                 continue;
             }
@@ -140,8 +137,29 @@ pub fn build(req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4
         }
     }
 
-    let mut out = Vec::with_capacity(576);
-    m.encode(&mut Encoder::new(&mut out)).expect("encoding into a Vec cannot fail");
+    let mut flags = u16::from(r.flags());
+    if kind == MessageType::Nak && !r.giaddr().is_unspecified() {
+        flags |= 0x8000; // the relay must broadcast a NAK (RFC 2131 §4.3.2)
+    }
+    // ciaddr is echoed only in an ACK to a client that already has its address.
+    let ciaddr = if kind == MessageType::Ack { r.ciaddr() } else { Ipv4Addr::UNSPECIFIED };
+    let mut out = Vec::with_capacity(size.max(300) + 8);
+    out.extend_from_slice(&[2, u8::from(r.htype()), req.hw.len() as u8, 0]);
+    out.extend_from_slice(&r.xid().to_be_bytes());
+    out.extend_from_slice(&[0, 0]); // secs
+    out.extend_from_slice(&flags.to_be_bytes());
+    for a in [ciaddr, yiaddr, Ipv4Addr::UNSPECIFIED, r.giaddr()] {
+        out.extend_from_slice(&a.octets());
+    }
+    let mut chaddr = [0u8; 16];
+    chaddr[..req.hw.len()].copy_from_slice(&req.hw);
+    out.extend_from_slice(&chaddr);
+    out.resize(236, 0); // sname and file: empty
+    out.extend_from_slice(&[99, 130, 83, 99]);
+    // dhcproto's Encoder writes from the start of its buffer, so the options get their own.
+    let mut encoded = Vec::with_capacity(size);
+    opts.encode(&mut Encoder::new(&mut encoded)).expect("encoding into a Vec cannot fail");
+    out.extend_from_slice(&encoded);
     if let Some(raw82) = &req.relay_info {
         // dhcproto ends with End (255); put the relay's option 82 back verbatim just before it.
         out.pop();

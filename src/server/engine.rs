@@ -52,6 +52,17 @@ pub struct Engine {
     pub started: std::time::Instant,
     /// Fires when the daemon stops; the engine then returns, dropping its store writer handle.
     pub shutdown: tokio::sync::oneshot::Receiver<()>,
+    pub ticks: u64,
+    /// Lease sync with the partner box, when `[peer]` is configured.
+    pub peer: Option<super::peer::PeerSide>,
+}
+
+/// Waits on an optional receiver; never resolves without one.
+async fn recv_opt<T>(rx: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 pub fn unix_now() -> UnixSecs {
@@ -65,7 +76,12 @@ impl Engine {
     pub async fn run(mut self) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Heartbeats and sync deadlines are checked this often (a tenth of the shortest one).
+        let mut sync_tick = tokio::time::interval(Duration::from_millis(20));
+        sync_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.apply_role();
+        let mut link_events = self.peer.as_mut().and_then(|p| p.events.take());
+        let mut applied = self.peer.as_mut().and_then(|p| p.applied_rx.take());
         loop {
             #[cfg(feature = "fault-injection")]
             super::fault::engine_checkpoint();
@@ -82,6 +98,9 @@ impl Engine {
                     self.apply_role();
                 }
                 _ = tick.tick() => self.housekeeping(),
+                Some(ev) = recv_opt(link_events.as_mut()) => self.on_link_event(ev),
+                Some(a) = recv_opt(applied.as_mut()) => self.on_applied(a),
+                _ = sync_tick.tick(), if self.peer.is_some() => self.sync_tick(),
             }
         }
     }
@@ -90,6 +109,9 @@ impl Engine {
         let role = *self.role.borrow_and_update();
         if let Role::Active { term } = role {
             self.alloc.set_term(term);
+        }
+        if let Some(p) = self.peer.as_mut() {
+            p.machine.set_term(role.term());
         }
     }
 
@@ -129,9 +151,12 @@ impl Engine {
                     }
                 };
                 if durable {
-                    self.writer.commit(transitions, Some(Box::new(send)));
+                    // In before-ack mode the reply also waits for the partner (bounded).
+                    let send = self.replicate(&transitions, Some(Box::new(send)));
+                    self.writer.commit(transitions, send);
                 } else {
                     if !transitions.is_empty() {
+                        self.replicate(&transitions, None);
                         self.writer.commit(transitions, None);
                     }
                     send();
@@ -139,6 +164,7 @@ impl Engine {
             }
             Action::Probe(pending) => {
                 if !transitions.is_empty() {
+                    self.replicate(&transitions, None);
                     self.writer.commit(transitions, None);
                 }
                 let (Some(pinger), tx) = (self.pinger.clone(), self.inbox_tx.clone()) else { return };
@@ -150,6 +176,7 @@ impl Engine {
             }
             Action::Silent(why) => {
                 if !transitions.is_empty() {
+                    self.replicate(&transitions, None);
                     self.writer.commit(transitions, None);
                 }
                 match why {
@@ -177,25 +204,31 @@ impl Engine {
 
     fn housekeeping(&mut self) {
         let now = unix_now();
-        loop {
+        // Only the active box expires leases; a standby mirrors the active's table and would
+        // otherwise race it with changes of its own.
+        let mut more = self.role.borrow().is_active();
+        while more {
             let batch = self.alloc.reap(now, REAP_BATCH);
             let full = batch.len() == REAP_BATCH;
             for t in &batch {
                 tracing::debug!(address = %t.new.addr, "expired; back in the queue");
             }
             if !batch.is_empty() {
+                self.replicate(&batch, None);
                 self.writer.commit(batch, None);
             }
-            if !full {
-                break;
+            more = full;
+        }
+        // The consistency walk is a safety net, not a hot path: a slice every ten seconds.
+        self.ticks += 1;
+        if self.ticks % 10 == 0 {
+            let repaired = self.alloc.repair_queue(4096);
+            if repaired > 0 {
+                tracing::error!(repaired, "allocator queue held busy addresses; repaired");
             }
         }
-        let repaired = self.alloc.repair_queue(4096);
-        if repaired > 0 {
-            tracing::error!(repaired, "allocator queue held busy addresses; repaired");
-        }
-        let leased = self.alloc.bindings().filter(|b| b.state == LeaseState::Leased && b.expires > now).count();
-        self.stats.leases.store(leased as u64, Ordering::Relaxed);
+        // Everything expired was just reaped, so every Leased entry is live.
+        self.stats.leases.store(self.alloc.count(LeaseState::Leased) as u64, Ordering::Relaxed);
     }
 
     /// A commit failed: the allocator is ahead of the disk. Rebuild it from what is durable.
@@ -208,7 +241,7 @@ impl Engine {
                 Ok(rows) => {
                     let mut alloc = Allocator::new(&self.cfg);
                     alloc.set_term(self.alloc.term());
-                    alloc.load(rows.into_iter().map(|r| r.binding));
+                    alloc.load_with_marks(rows.into_iter().map(|r| (r.binding, r.peer_synced_version)));
                     self.alloc = alloc;
                     // Failures queued behind this one are covered by the reload.
                     while self.writer_events.try_recv().is_ok() {}
@@ -224,9 +257,21 @@ impl Engine {
     }
 }
 
+/// Displays an optional client lazily (formatted only if the log line is enabled).
+struct Owner<'a>(Option<&'a crate::lease::ClientKey>);
+
+impl std::fmt::Display for Owner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(c) => c.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
+}
+
 fn log_transition(t: &crate::lease::Transition) {
     let b = &t.new;
-    let client = b.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();
+    let client = Owner(b.owner.as_ref());
     match b.state {
         LeaseState::Leased => tracing::info!(address = %b.addr, %client, expires = b.expires, term = b.term, hostname = b.hostname.as_deref().unwrap_or("-"), "lease granted"),
         LeaseState::Declined => tracing::warn!(address = %b.addr, until = b.expires, "address quarantined (declined or in use)"),

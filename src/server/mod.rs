@@ -7,6 +7,7 @@ pub mod engine;
 pub mod fault;
 pub mod interfaces;
 pub mod notify;
+pub mod peer;
 pub mod ping;
 pub mod socket;
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::allocator::Allocator;
 use crate::config::Config;
@@ -23,6 +24,8 @@ use crate::dhcp::{self, Ingress};
 use crate::lease::LeaseState;
 use crate::role::RoleRx;
 use crate::store::{LeaseStore, StoreError, StoreWriter};
+use crate::sync::link::{self, LinkConfig};
+use crate::sync::machine::{Machine, Readiness, Timing};
 use engine::{Engine, EngineStats, Input, unix_now};
 use interfaces::Interfaces;
 use socket::{DhcpSocket, ReplySender};
@@ -35,6 +38,8 @@ pub enum ServerError {
     Bind { what: String, source: std::io::Error },
     #[error("interface {0} does not exist; fix [dhcp] interfaces (see `ip link`)")]
     NoInterface(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Requests waiting for the engine; beyond this the receive tasks drop (clients retry).
@@ -42,16 +47,25 @@ const INBOX: usize = 8192;
 
 /// Runs the DHCP service until SIGTERM/SIGINT.
 pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
+    let (readiness, _) = watch::channel(Readiness::Waiting);
+    run_with(cfg, role, readiness).await
+}
+
+/// Like [`run`], publishing on `readiness` when this box has caught up with its partner (or
+/// found it unreachable): the election waits for that before this box stands.
+pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readiness>) -> Result<(), ServerError> {
     let cfg = Arc::new(cfg);
     let started = Instant::now();
+    let key = cfg.peer.as_ref().map(|p| p.read_key()).transpose()?;
     let db = cfg.lease_db_path();
-    let (store, report) = LeaseStore::open(&db, unix_now())?;
+    let (mut store, report) = LeaseStore::open(&db, unix_now())?;
     if let Some(moved) = &report.quarantined {
         tracing::error!(path = %db.display(), moved_to = %moved.display(), "lease database was corrupt; moved aside and started empty (clients keep their addresses by renewing)");
     }
     let stored = store.load_all()?;
+    let (store_id, peer_store_id) = (store.store_id()?, store.peer_store_id()?);
     let mut alloc = Allocator::new(&cfg);
-    let orphans = alloc.load(stored.into_iter().map(|s| s.binding));
+    let orphans = alloc.load_with_marks(stored.into_iter().map(|s| (s.binding, s.peer_synced_version)));
     if !orphans.is_empty() {
         tracing::warn!(count = orphans.len(), "stored leases for addresses no longer in any pool or reservation are kept on disk but not served");
     }
@@ -61,6 +75,20 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
 
     let (writer_events_tx, writer_events) = mpsc::unbounded_channel();
     let (writer, writer_thread) = StoreWriter::spawn(store, writer_events_tx);
+
+    let peer = match (&cfg.peer, key) {
+        (Some(p), Some(key)) => {
+            let unsynced = alloc.unsynced_addrs().len();
+            tracing::info!(partner = %p.address, listen = %p.listen, mode = ?p.sync_mode, unsynced, store_id, known_partner_store = ?peer_store_id, "lease sync configured");
+            let (link, events) = link::spawn(LinkConfig { node: cfg.node.name.clone(), listen: p.listen, peer: p.address, key: Arc::new(key) });
+            let machine = Machine::new(Timing::new(Duration::from_millis(p.ack_timeout_ms)), cfg.node.name.clone(), store_id, peer_store_id, Instant::now());
+            Some(peer::PeerSide::new(machine, link, events, p.sync_mode, readiness))
+        }
+        _ => {
+            readiness.send_replace(Readiness::CaughtUp); // nobody to catch up with
+            None
+        }
+    };
 
     let ifaces = Arc::new(Interfaces::new(&cfg.dhcp.interfaces));
     for name in &cfg.dhcp.interfaces {
@@ -108,6 +136,8 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
         stats: stats.clone(),
         started,
         shutdown,
+        ticks: 0,
+        peer,
     };
     let engine_task = tokio::spawn(engine.run());
     let mut receivers = Vec::new();
@@ -151,6 +181,16 @@ pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
     }
     let _ = stop_engine.send(());
     let _ = engine_task.await;
+    let ws = &writer.stats;
+    tracing::info!(
+        target: "twinlease::stats",
+        commits = ws.commits.load(Ordering::Relaxed),
+        transitions = ws.transitions.load(Ordering::Relaxed),
+        failures = ws.failures.load(Ordering::Relaxed),
+        acks = stats.acks.load(Ordering::Relaxed),
+        offers = stats.offers.load(Ordering::Relaxed),
+        "store and reply counters"
+    );
     drop(writer);
     // The writer finishes what is queued, then its thread ends.
     let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;

@@ -18,6 +18,32 @@ const MIGRATIONS: &[&str] = &[
         peer_synced_version INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX lease_unsynced ON lease(addr) WHERE peer_synced_version != version;",
+    // 2: lease sync. `seq` is a binding's causal counter (see `Binding::seq`); `meta` holds this
+    // store's random identity and the identity of the partner store the sync marks refer to;
+    // `conflict` keeps both sides of every resolved conflict.
+    "ALTER TABLE lease ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    );
+    CREATE TABLE conflict (
+        id INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        addr INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        winner_addr INTEGER NOT NULL,
+        winner_state INTEGER NOT NULL,
+        winner_owner BLOB,
+        winner_expires INTEGER NOT NULL,
+        winner_cltt INTEGER NOT NULL,
+        winner_term INTEGER NOT NULL,
+        loser_addr INTEGER NOT NULL,
+        loser_state INTEGER NOT NULL,
+        loser_owner BLOB,
+        loser_expires INTEGER NOT NULL,
+        loser_cltt INTEGER NOT NULL,
+        loser_term INTEGER NOT NULL
+    );",
 ];
 
 /// The schema version this build writes.

@@ -18,6 +18,7 @@ fn leased(addr: u8, client: u8, version: u64, expect: Option<u8>) -> Transition 
             cltt: 10 * version,
             version,
             term: 3,
+            seq: version,
             hw: vec![2, 0, 0, 0, 0, client],
             hostname: Some(format!("host{client}")),
         },
@@ -83,6 +84,29 @@ fn unsynced_pages_in_address_order(mut s: LeaseStore) {
     assert!(seen.windows(2).all(|w| w[0] < w[1]));
 }
 
+fn sync_marks_conflicts_and_identity(mut s: LeaseStore) {
+    let a = Ipv4Addr::new(198, 18, 0, 10);
+    let id = s.store_id().unwrap();
+    assert_eq!(s.store_id().unwrap(), id, "the identity is created once");
+    assert_eq!(s.peer_store_id().unwrap(), None, "a new store never synced");
+    let t = leased(10, 1, 1, None);
+    let winner = t.new.clone();
+    let mut loser = leased(10, 2, 1, None).new;
+    loser.term = 1;
+    let c = ConflictRecord { at: 5, kind: ConflictKind::Address, winner: winner.clone(), loser: loser.clone() };
+    // The change, its mark (peer holds version 1) and the conflict, in one transaction.
+    s.commit_with(&[&t], &[(a, 1)], std::slice::from_ref(&c)).unwrap();
+    assert!(s.get(a).unwrap().unwrap().synced());
+    let got = s.conflicts().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].kind, got[0].winner.owner.clone(), got[0].loser.owner.clone(), got[0].loser.term), (ConflictKind::Address, winner.owner, loser.owner, 1));
+    // A different partner store: every mark is forgotten.
+    s.reset_peer(77).unwrap();
+    assert_eq!(s.peer_store_id().unwrap(), Some(77));
+    assert!(!s.get(a).unwrap().unwrap().synced());
+    assert_eq!(s.unsynced(None, 10).unwrap().len(), 1);
+}
+
 macro_rules! battery {
     ($($name:ident),*) => {
         mod in_memory {
@@ -99,7 +123,7 @@ macro_rules! battery {
     };
 }
 
-battery!(roundtrip, cas_conflict_rolls_back_the_whole_batch, cas_checks_the_owner, mark_synced_compares_the_version, unsynced_pages_in_address_order);
+battery!(roundtrip, cas_conflict_rolls_back_the_whole_batch, cas_checks_the_owner, mark_synced_compares_the_version, unsynced_pages_in_address_order, sync_marks_conflicts_and_identity);
 
 #[test]
 fn committed_data_survives_reopen_and_is_visible_read_only_meanwhile() {

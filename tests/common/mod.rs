@@ -474,3 +474,4 @@ pub fn pcap_replies(path: &Path) -> Vec<(u8, [u8; 6], Ipv4Addr)> {
 pub fn fmt_mac(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
+pub mod pair;

@@ -1,0 +1,152 @@
+//! Two twinlease boxes on one client LAN (a bridge in its own namespace) with a direct peer
+//! link between them, as a branch office would have them. Box a is 198.18.0.1 on the LAN and
+//! 198.18.1.1 on the peer link, box b 198.18.0.2 and 198.18.1.2.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::*;
+
+pub struct Pair {
+    pub sw: Netns,
+    pub bridge: String,
+    pub boxes: [Netns; 2],
+    /// LAN interface of each box.
+    pub lan: [String; 2],
+    /// Peer-link interface of each box.
+    pub link: [String; 2],
+    pub clients: Vec<(Netns, String)>,
+    pub dir: tempfile::TempDir,
+    id: String,
+}
+
+impl Pair {
+    pub fn new() -> Pair {
+        let sw = Netns::new("w");
+        let id = unique("");
+        let bridge = format!("br{id}");
+        sw.ip(&format!("link add {bridge} type bridge"));
+        sw.ip(&format!("link set {bridge} up"));
+        let boxes = [Netns::new("a"), Netns::new("b")];
+        let lan = [format!("la{id}"), format!("lb{id}")];
+        let link = [format!("ka{id}"), format!("kb{id}")];
+        for (i, ns) in boxes.iter().enumerate() {
+            let outer = format!("o{}{id}", ["a", "b"][i]);
+            run(Command::new("ip").args(["link", "add", &outer, "netns", &sw.name, "type", "veth", "peer", "name", &lan[i], "netns", &ns.name]));
+            sw.ip(&format!("link set {outer} master {bridge} up"));
+            ns.ip(&format!("addr add 198.18.0.{}/24 dev {}", i + 1, lan[i]));
+            ns.ip(&format!("link set {} up", lan[i]));
+        }
+        run(Command::new("ip").args(["link", "add", &link[0], "netns", &boxes[0].name, "type", "veth", "peer", "name", &link[1], "netns", &boxes[1].name]));
+        for i in 0..2 {
+            boxes[i].ip(&format!("addr add 198.18.1.{}/30 dev {}", i + 1, link[i]));
+            boxes[i].ip(&format!("link set {} up", link[i]));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("peer.key");
+        std::fs::write(&key, "c2hhcmVkIHNlY3JldCBmb3IgdGhlIHBhaXIgdGVzdHM=\n").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Pair { sw, bridge, boxes, lan, link, clients: Vec::new(), dir, id }
+    }
+
+    pub fn add_client(&mut self) -> usize {
+        let n = self.clients.len();
+        let ns = Netns::new("c");
+        let inner = format!("c{}{n}", self.id);
+        let outer = format!("p{}{n}", self.id);
+        run(Command::new("ip").args(["link", "add", &outer, "netns", &self.sw.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
+        self.sw.ip(&format!("link set {outer} master {} up", self.bridge));
+        ns.ip(&format!("link set {inner} up"));
+        self.clients.push((ns, inner));
+        n
+    }
+
+    pub fn client(&self, n: usize) -> (&Netns, &str) {
+        let (ns, i) = &self.clients[n];
+        (ns, i.as_str())
+    }
+
+    /// Box `i`'s directory (config, state, log).
+    pub fn box_dir(&self, i: usize) -> PathBuf {
+        let d = self.dir.path().join(["a", "b"][i]);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Writes box `i`'s config: the same pool on both, `[peer]` pointing at the other box.
+    pub fn config(&self, i: usize, pool: &str, peer_extra: &str) -> PathBuf {
+        let dir = self.box_dir(i);
+        let text = format!(
+            "[node]\nname = \"box-{name}\"\nstate_dir = \"{state}\"\n\
+             [dhcp]\ninterfaces = [\"{lan}\"]\nping_check = false\n\
+             [[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"{pool}\"]\nrouters = [\"198.18.0.1\"]\n\
+             [peer]\nlisten = \"198.18.1.{me}:6767\"\naddress = \"198.18.1.{other}:6767\"\nkey_file = \"{key}\"\n{peer_extra}\n\
+             [log]\nfilter = \"info\"\n",
+            name = ["a", "b"][i],
+            state = dir.join("state").display(),
+            lan = self.lan[i],
+            me = i + 1,
+            other = 2 - i,
+            key = self.dir.path().join("peer.key").display(),
+        );
+        let path = dir.join("twinlease.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Starts box `i` with its role pinned ("standby" or "active:TERM").
+    pub fn start(&self, i: usize, config: &Path, role: &str) -> Server {
+        start_pinned(&self.boxes[i], &self.box_dir(i), config, role)
+    }
+
+    /// Drops every packet on the peer link (both directions), leaving the LAN alone.
+    pub fn partition(&self) {
+        self.boxes[0].sh(&format!(
+            "nft add table ip tlpart; nft add chain ip tlpart in '{{ type filter hook input priority 0; }}'; nft add chain ip tlpart out '{{ type filter hook output priority 0; }}'; nft add rule ip tlpart in iifname {l} drop; nft add rule ip tlpart out oifname {l} drop",
+            l = self.link[0]
+        ));
+    }
+
+    pub fn heal(&self) {
+        self.boxes[0].sh("nft delete table ip tlpart");
+    }
+}
+
+/// Like `Server::start_with`, with `--pin-role` (the election is not deciding roles here).
+pub fn start_pinned(ns: &Netns, dir: &Path, config: &Path, role: &str) -> Server {
+    let sock_path = dir.join(format!("notify-{}.sock", unique("")));
+    let _ = std::fs::remove_file(&sock_path);
+    let notify = UnixDatagram::bind(&sock_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let log = dir.join("server.log");
+    let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+    let child = ns
+        .cmd(BIN)
+        .args(["run", "--pin-role", role, "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("TWINLEASE_LOG_STDERR", "1")
+        .env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdout(Stdio::null())
+        .stderr(logf)
+        .spawn()
+        .unwrap();
+    let mut s = Server { child, dir: dir.to_path_buf(), config: config.to_path_buf(), ns: ns.name.clone(), notify, log };
+    s.wait_notify("READY=1", Duration::from_secs(20));
+    s
+}
+
+/// The replicated part of each busy or touched row, keyed by address: what both boxes must
+/// agree on (versions and sync marks are per box).
+pub fn table(rows: &[serde_json::Value]) -> std::collections::BTreeMap<String, String> {
+    rows.iter()
+        .map(|r| (r["address"].as_str().unwrap().to_string(), format!("{} {} {} {} {}", r["state"], r["client"], r["expires"], r["cltt"], r["term"])))
+        .collect()
+}
+
+/// Waits until `log` (a server's log file) contains `text` at least `count` times.
+pub fn wait_log(server: &Server, text: &str, count: usize, limit: Duration) {
+    wait_for(&format!("{count}× {text:?} in {}", server.log.display()), limit, || (server.log_text().matches(text).count() >= count).then_some(()));
+}
