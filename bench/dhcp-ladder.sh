@@ -87,7 +87,7 @@ lease_secs = 3600
 routers = ["198.18.0.1"]
 dns_servers = ["198.18.0.1"]
 [log]
-filter = "warn"
+filter = "warn,twinlease::stats=info"
 EOF
     ip netns exec "$SRV" env TWINLEASE_LOG_STDERR=1 taskset -c 0 "$BIN" run --config "$dir/twinlease.toml" 2> "$dir/server.log" &
     SERVER_PID=$!

@@ -42,8 +42,10 @@ pub enum ServerError {
     Config(#[from] crate::config::ConfigError),
 }
 
-/// Requests waiting for the engine; beyond this the receive tasks drop (clients retry).
-const INBOX: usize = 8192;
+/// Requests waiting for the engine; beyond this the receive tasks drop (clients retry). Kept
+/// short on purpose: under overload a long queue only means answering requests whose clients
+/// have given up (≈0.2 s of work at 10,000 requests/s).
+const INBOX: usize = 2048;
 
 /// Runs the DHCP service until SIGTERM/SIGINT.
 pub async fn run(cfg: Config, role: RoleRx) -> Result<(), ServerError> {
@@ -189,6 +191,8 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
         failures = ws.failures.load(Ordering::Relaxed),
         acks = stats.acks.load(Ordering::Relaxed),
         offers = stats.offers.load(Ordering::Relaxed),
+        received = stats.received.load(Ordering::Relaxed),
+        inbox_full = stats.dropped_queue_full.load(Ordering::Relaxed),
         "store and reply counters"
     );
     drop(writer);

@@ -41,9 +41,11 @@ pub fn bind(device: Option<&str>, port: u16) -> io::Result<(DhcpSocket, UdpSocke
     if let Some(d) = device {
         s.bind_device(Some(d.as_bytes()))?;
     }
-    // Room for bursts (a few thousand requests) while the engine is busy.
-    let _ = s.set_recv_buffer_size(4 << 20);
-    let _ = s.set_send_buffer_size(4 << 20);
+    // Room for bursts (about two thousand requests) while the engine is busy, not more: a
+    // deeper queue under overload only holds requests whose clients have given up. The send
+    // side takes a group commit's worth of ACKs at once.
+    let _ = s.set_recv_buffer_size(1 << 20);
+    let _ = s.set_send_buffer_size(1 << 20);
     setsockopt(&s, sockopt::Ipv4PacketInfo, &true).map_err(io::Error::from)?;
     s.set_nonblocking(true)?;
     s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
