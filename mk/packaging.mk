@@ -33,7 +33,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/twinlease
 ARCH        ?= $(shell uname -m)
 BIN         ?= $(DIST)/twinlease-$(ARCH)
 
-.PHONY: packaging-deps static cross check-static test-cross test-packaging install uninstall packaging-tools rust-targets zig-tools size-report
+.PHONY: tls-guard packaging-deps static cross check-static test-cross test-packaging install uninstall packaging-tools rust-targets zig-tools size-report
 
 # ---- tools -------------------------------------------------------------------------------
 
@@ -56,9 +56,18 @@ packaging-tools: packaging-deps rust-targets zig-tools
 
 # ---- binaries ----------------------------------------------------------------------------
 
+# TLS must be rustls with the ring provider: aws-lc and OpenSSL need toolchains (cmake, a C
+# library per target) that break these builds, and two rustls providers make rustls panic.
+tls-guard:
+	@for c in aws-lc-rs aws-lc-sys openssl-sys; do \
+	    if $(CARGO) tree --locked -e normal,build -i "$$c" >/dev/null 2>&1; then \
+	        echo "$$c is in the dependency graph (cargo tree -i $$c): select rustls' ring provider in every crate"; exit 1; \
+	    fi; \
+	done
+
 # Bundled SQLite (and, once TLS lands, ring) are C: musl-gcc from Debian's musl-tools compiles
 # them for the x86_64 musl target; the Rust side links against Rust's own musl.
-static: packaging-deps rust-targets
+static: packaging-deps rust-targets tls-guard
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release --locked --target $(X86_TARGET) && \
@@ -68,7 +77,7 @@ static: packaging-deps rust-targets
 
 # Debian's aarch64 gcc brings glibc headers, which do not link against Rust's musl 1.2.5;
 # zig cc targets musl itself. The first run fills zig's cache (~1 min).
-cross: packaging-deps rust-targets zig-tools
+cross: packaging-deps rust-targets zig-tools tls-guard
 	@mkdir -p $(DIST)
 	@start=$$(date +%s); \
 	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-zigbuild build --release --locked --target $(ARM_TARGET) && \
