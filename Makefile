@@ -18,7 +18,8 @@ deps:
 
 # Unit + property tests, then the integration tests (real clients in namespaces, run in parallel).
 test: deps
-	$(CARGO) test --all-targets -- --test-threads=$${TEST_THREADS:-8}
+	$(CARGO) test --all-targets --features fault-injection -- --test-threads=$${TEST_THREADS:-8}
+	@if [ "$(PACKAGING_TESTS)" != 0 ]; then $(MAKE) --no-print-directory test-packaging; fi
 
 test-unit:
 	$(CARGO) test --lib

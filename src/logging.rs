@@ -1,8 +1,10 @@
-//! Logging: to the journal when its socket exists (structured fields), else plain stderr.
-//! The filter comes from RUST_LOG, else the config's `[log] filter`, else "info".
+//! Logging: to the journal when its socket exists (structured fields, unprefixed: ADDRESS,
+//! CLIENT, TERM, ROLE, ...), else plain stderr. The filter comes from RUST_LOG, else the
+//! config's `[log] filter`, else "info". TWINLEASE_LOG_STDERR=1 forces stderr.
 
 use std::io::IsTerminal;
 
+use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
 
@@ -22,7 +24,11 @@ pub fn init(config_filter: Option<&str>) {
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
         Some(j) => {
-            let _ = registry.with(j.with_syslog_identifier("twinlease".into())).try_init();
+            // Fields go to the journal under their own names (ADDRESS=, CLIENT=, TERM=, ROLE=),
+            // so `journalctl -u twinlease ADDRESS=198.18.0.7` finds one address's history.
+            // Journal priorities as syslog means them: info is 6 (the crate's default says 5, notice).
+            let priorities = PriorityMappings { error: Priority::Error, warn: Priority::Warning, info: Priority::Informational, debug: Priority::Debug, trace: Priority::Debug };
+            let _ = registry.with(j.with_syslog_identifier("twinlease".into()).with_field_prefix(None).with_priority_mappings(priorities)).try_init();
         }
         None => {
             let _ = registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false)).try_init();

@@ -83,6 +83,8 @@ impl Engine {
         let mut link_events = self.peer.as_mut().and_then(|p| p.events.take());
         let mut applied = self.peer.as_mut().and_then(|p| p.applied_rx.take());
         loop {
+            #[cfg(feature = "fault-injection")]
+            super::fault::engine_checkpoint();
             self.stats.alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
                 _ = &mut self.shutdown => break,

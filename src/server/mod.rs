@@ -3,6 +3,8 @@
 
 pub mod arp;
 pub mod engine;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod interfaces;
 pub mod notify;
 pub mod peer;
@@ -155,16 +157,26 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
         }
     });
 
+    #[cfg(feature = "fault-injection")]
+    let faults = fault::install(writer.clone()).expect("fault injection signal handlers");
+
     let listening: Vec<String> = cfg.dhcp.interfaces.iter().cloned().chain(cfg.dhcp.listen_relayed.then(|| "relay".to_string())).collect();
-    tracing::info!(sockets = ?listening, node = %cfg.node.name, "listening on port 67");
-    let status = notify::StatusReporter::new(role.clone(), stats.clone(), writer.stats.clone(), started);
+    let current = *role.borrow();
+    tracing::info!(sockets = ?listening, node = %cfg.node.name, role = current.name(), term = current.term(), "listening on port 67");
+    let watchdog = notify::watchdog_from_env();
+    if let Some(w) = watchdog {
+        tracing::info!(timeout_ms = w.as_millis() as u64, "systemd watchdog enabled; pinging every half timeout while the engine and the store thread are moving");
+    }
+    let status = notify::StatusReporter::new(role.clone(), stats.clone(), writer.stats.clone());
     notify::ready(&status.line());
-    let reporter = tokio::spawn(status.run(cfg.clone()));
+    let reporter = status.spawn(watchdog);
 
     shutdown_signal().await;
     tracing::info!("stopping");
+    reporter.stop();
     notify::stopping();
-    reporter.abort();
+    #[cfg(feature = "fault-injection")]
+    faults.abort();
     refresher.abort();
     for r in receivers {
         r.abort();

@@ -352,6 +352,10 @@ pub fn dhcpcd_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Outp
     // dhcpcd keeps leases per interface name in /var/lib/dhcpcd; names can repeat across runs,
     // and an old lease would turn a fresh DORA into an INIT-REBOOT.
     let forget = || sh(&format!("rm -f /var/lib/dhcpcd/{iface}.lease /var/lib/dhcpcd/{iface}-*.lease"));
+    // Two dhcpcd processes at once (parallel tests) share dhcpcd's run and state directories
+    // and miss their BOUND: one at a time within a test binary.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     forget();
     let out = ns.cmd("dhcpcd").args(["-4", "-1", "-B", "-f", "/dev/null", "--noipv4ll", "-t", "20", "-c"]).arg(&script).args(extra).arg(iface).output().unwrap();
     forget();
