@@ -18,3 +18,5 @@ pub mod sync;
 pub mod logging;
 pub mod role;
 pub mod server;
+#[cfg(test)]
+mod testkit;

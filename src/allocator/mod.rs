@@ -319,39 +319,34 @@ impl Allocator {
 
     // ---- operations the DHCP decisions use -------------------------------------------------
 
-    /// Marks `addr` as being probed (ICMP echo in flight) for `client`.
-    pub fn probe(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
+    /// Holds `addr` for `client` in a short-lived busy `state` (probing or offered) for `secs`,
+    /// freeing whatever else the client holds in the subnet.
+    fn hold_for(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs, state: LeaseState, secs: u64) -> Vec<Transition> {
         let mut out = Vec::new();
         self.release_others(addr, client, now, &mut out);
-        let hold = self.policy.probe_hold_secs;
         out.push(self.change(addr, |b| {
-            b.state = LeaseState::Probing;
+            b.state = state;
             b.owner = Some(client.clone());
-            b.expires = now + hold;
+            b.expires = now + secs;
             b.cltt = now;
             b.hw = hw.to_vec();
         }));
         out
     }
 
+    /// Marks `addr` as being probed (ICMP echo in flight) for `client`.
+    pub fn probe(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
+        self.hold_for(addr, client, hw, now, LeaseState::Probing, self.policy.probe_hold_secs)
+    }
+
     /// Holds `addr` for `client` for the offer time. An address already leased to the client
     /// stays leased (offering it again must not shorten the lease).
     pub fn offer(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
-        let mut out = Vec::new();
         let b = &self.slots[&addr].b;
         if b.state == LeaseState::Leased && b.is_owned_by(client) && b.expires > now {
-            return out;
+            return Vec::new();
         }
-        self.release_others(addr, client, now, &mut out);
-        let hold = self.policy.offer_hold_secs;
-        out.push(self.change(addr, |b| {
-            b.state = LeaseState::Offered;
-            b.owner = Some(client.clone());
-            b.expires = now + hold;
-            b.cltt = now;
-            b.hw = hw.to_vec();
-        }));
-        out
+        self.hold_for(addr, client, hw, now, LeaseState::Offered, self.policy.offer_hold_secs)
     }
 
     /// Whether `client` may be given `addr` now (REQUEST): it holds it, or it is free and not

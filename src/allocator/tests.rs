@@ -15,17 +15,7 @@ pub(crate) fn config(extra: &str) -> Config {
     Config::parse(Path::new("t.toml"), &text, &LocalAddrs::default()).unwrap()
 }
 
-fn ip(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 0, last)
-}
-
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
-}
-
-fn key(n: u8) -> ClientKey {
-    ClientKey::from_hw(1, &mac(n))
-}
+use crate::testkit::{ip, key, mac};
 
 fn offer_addr(c: Choice) -> Ipv4Addr {
     match c {

@@ -29,9 +29,7 @@ fn lan() -> Ingress {
     Ingress { iface_addrs: vec!["198.18.0.1/24".parse().unwrap()], local_dst: Ipv4Addr::BROADCAST, served: true }
 }
 
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
-}
+use crate::testkit::mac;
 
 struct Msg(Message);
 

@@ -14,24 +14,14 @@ use super::merge::{self, Merged};
 use super::protocol::{self, Bucket, CatchUpRequest, DecodeError, EntryOutcome, EntryResult, Message, UpdateKind};
 use crate::allocator::{Allocator, Choice};
 use crate::config::{Config, LocalAddrs};
-use crate::lease::{Binding, ClientKey, LeaseState};
+use crate::lease::{Binding, LeaseState};
 
 fn config() -> Config {
     let text = "[node]\nname='t'\n[dhcp]\naffinity_hold_secs=100\n[[subnet]]\ncidr='198.18.0.0/24'\npools=['198.18.0.10-198.18.0.29']\nlease_secs=1000\n";
     Config::parse(std::path::Path::new("t.toml"), text, &LocalAddrs::default()).unwrap()
 }
 
-fn ip(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 0, last)
-}
-
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
-}
-
-fn key(n: u8) -> ClientKey {
-    ClientKey::from_hw(1, &mac(n))
-}
+use crate::testkit::{ip, key, mac};
 
 fn leased(addr: u8, client: u8, term: u64, cltt: u64) -> Binding {
     Binding { addr: ip(addr), state: LeaseState::Leased, owner: Some(key(client)), expires: cltt + 1000, cltt, version: 7, term, seq: 1, hw: mac(client).to_vec(), hostname: Some(format!("h{client}")) }

@@ -106,14 +106,7 @@ impl Lan {
     /// Adds a client host; returns its index. Its interface is named `c<id><n>`.
     pub fn add_client(&mut self) -> usize {
         let n = self.clients.len();
-        let ns = Netns::new("c");
-        let inner = format!("c{}{n}", self.id);
-        let outer = format!("p{}{n}", self.id);
-        run(Command::new("ip").args(["link", "add", &outer, "netns", &self.srv.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
-        self.srv.ip(&format!("link set {outer} master {} up", self.bridge));
-        ns.ip(&format!("link set {inner} up"));
-        // Known MAC per client so tests can write reservations: 02:00:00:<id>:<n>.
-        self.clients.push((ns, inner));
+        self.clients.push(attach_host(&self.srv, &self.bridge, &self.id, n));
         n
     }
 
@@ -132,6 +125,18 @@ impl Lan {
         let out = run(ns.cmd("cat").arg(format!("/sys/class/net/{i}/address")));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
+}
+
+/// A new host namespace plugged into `bridge` (which lives in `switch`) by a veth pair; its end
+/// is named `c<id><n>`, the bridge's end `p<id><n>`.
+pub fn attach_host(switch: &Netns, bridge: &str, id: &str, n: usize) -> (Netns, String) {
+    let ns = Netns::new("c");
+    let inner = format!("c{id}{n}");
+    let outer = format!("p{id}{n}");
+    run(Command::new("ip").args(["link", "add", &outer, "netns", &switch.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
+    switch.ip(&format!("link set {outer} master {bridge} up"));
+    ns.ip(&format!("link set {inner} up"));
+    (ns, inner)
 }
 
 /// A twinlease process in a namespace, started with a NOTIFY_SOCKET the test owns.

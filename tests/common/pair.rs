@@ -53,13 +53,7 @@ impl Pair {
 
     pub fn add_client(&mut self) -> usize {
         let n = self.clients.len();
-        let ns = Netns::new("c");
-        let inner = format!("c{}{n}", self.id);
-        let outer = format!("p{}{n}", self.id);
-        run(Command::new("ip").args(["link", "add", &outer, "netns", &self.sw.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
-        self.sw.ip(&format!("link set {outer} master {} up", self.bridge));
-        ns.ip(&format!("link set {inner} up"));
-        self.clients.push((ns, inner));
+        self.clients.push(attach_host(&self.sw, &self.bridge, &self.id, n));
         n
     }
 
