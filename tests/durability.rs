@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -27,12 +26,7 @@ fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
 
     // Capture every reply the relay (perfdhcp) receives; tcpdump says when it is listening.
     let pcap = dir.path().join("replies.pcap");
-    let mut tcpdump = relay.cmd("tcpdump").args(["-i", &b, "-U", "-n", "-w"]).arg(&pcap).args(["udp", "and", "src", "port", "67"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
-    let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains("listening on") {
-        line.clear();
-    }
+    let capture = Capture::start(&relay, &b, &pcap);
 
     let macs = mac_file(dir.path(), 2000, 42);
     let mut perf = relay.cmd("perfdhcp").args(["-4", "-l", "198.18.4.2", "-r", "400", "-n", "2000", "-M"]).arg(&macs).arg("198.18.4.1").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
@@ -43,10 +37,7 @@ fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
     srv.kill9();
     let _ = perf.kill();
     let _ = perf.wait();
-    let _ = Command::new("kill").args(["-INT", &tcpdump.id().to_string()]).status();
-    let _ = tcpdump.wait();
-
-    let acks: Vec<_> = pcap_replies(&pcap).into_iter().filter(|(kind, _, _)| *kind == 5).collect();
+    let acks: Vec<_> = capture.stop().into_iter().filter(|r| r.kind == 5).map(|r| (r.kind, r.chaddr, r.yiaddr)).collect();
     assert!(acks.len() >= 600, "captured only {} ACKs", acks.len());
     let mut by_addr: HashMap<String, String> = HashMap::new();
     for (_, mac, ip) in &acks {

@@ -11,9 +11,9 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::arbiter::*;
 use common::*;
 
 /// I and T: short by default to keep the test quick; `TL_FAULT_I_MS` / `TL_FAULT_T_MS` set
@@ -30,80 +30,6 @@ fn I_MS() -> u64 {
 fn T_MS() -> u64 {
     TIMERS.1
 }
-const ARBITER_IP: &str = "198.18.10.1";
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// A PostgreSQL instance of its own in namespace `ns`, listening on ARBITER_IP; stopped (with
-/// everything else in the namespace) when the namespace is dropped.
-struct PgArbiter {
-    ns: Netns,
-    _dir: tempfile::TempDir,
-    child: Child,
-    log: PathBuf,
-}
-
-impl PgArbiter {
-    fn start(ns: Netns) -> PgArbiter {
-        let dir = tempfile::Builder::new().prefix("tl-pg-").tempdir().unwrap();
-        let pg = nix::unistd::User::from_name("postgres").unwrap().expect("a postgres user (Debian package postgresql)");
-        std::os::unix::fs::chown(dir.path(), Some(pg.uid.as_raw()), Some(pg.gid.as_raw())).unwrap();
-        let data = dir.path().join("data");
-        run(Command::new("runuser").args(["-u", "postgres", "--", &format!("{PG_BIN}/initdb"), "-D"]).arg(&data).args(["--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]).stdout(Stdio::null()));
-        let hba = data.join("pg_hba.conf");
-        let mut text = std::fs::read_to_string(&hba).unwrap();
-        text.push_str("host all all 198.18.0.0/15 trust\n");
-        std::fs::write(&hba, text).unwrap();
-        let log = dir.path().join("postgres.log");
-        let child = ns
-            .cmd("runuser")
-            .args(["-u", "postgres", "--", &format!("{PG_BIN}/postgres"), "-D"])
-            .arg(&data)
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", &format!("listen_addresses={ARBITER_IP}"), "-c", "fsync=off", "-c", "max_connections=30", "-c", "shared_buffers=16MB"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let a = PgArbiter { ns, _dir: dir, child, log };
-        wait_for("the arbiter's PostgreSQL to accept connections", Duration::from_secs(30), || {
-            a.ns.cmd(&format!("{PG_BIN}/pg_isready")).args(["-q", "-h", ARBITER_IP]).status().unwrap().success().then_some(())
-        });
-        // The role twinlease connects as; it may create its table (`twinlease arbiter init`).
-        a.psql("CREATE ROLE twinlease LOGIN; GRANT CREATE ON SCHEMA public TO twinlease;");
-        a
-    }
-
-    fn psql(&self, sql: &str) -> String {
-        let out = run(self.ns.cmd("psql").args(["-h", ARBITER_IP, "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-Atc", sql]));
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
-    /// SIGSTOP / SIGCONT every process of the instance.
-    fn signal_all(&self, sig: &str) {
-        // From outside the namespace: a shell inside it would be one of the pids it stops.
-        sh(&format!("ip netns pids {} | xargs -r kill -{sig}", self.ns.name));
-    }
-}
-
-impl Drop for PgArbiter {
-    fn drop(&mut self) {
-        self.signal_all("CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("arbiter log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
-        }
-    }
-}
-
 /// One twinlease box: its namespace (linked to the arbiter's bridge) and the daemon.
 struct Node {
     name: String,
@@ -117,23 +43,16 @@ struct Node {
 }
 
 /// The arbiter namespace with its bridge, and `n` nodes attached to it.
-fn lab(n: usize) -> (PgArbiter, Vec<Node>) {
-    let arb_ns = Netns::new("a");
-    let bridge = format!("br{}", unique(""));
-    arb_ns.ip(&format!("link add {bridge} type bridge"));
-    arb_ns.ip(&format!("addr add {ARBITER_IP}/24 dev {bridge}"));
-    arb_ns.ip(&format!("link set {bridge} up"));
-    let mut nodes = Vec::new();
-    for k in 0..n {
-        let ns = Netns::new("n");
-        let (outer, inner) = (unique("o"), unique("i"));
-        run(Command::new("ip").args(["link", "add", &outer, "netns", &arb_ns.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
-        arb_ns.ip(&format!("link set {outer} master {bridge} up"));
-        ns.ip(&format!("addr add 198.18.10.{}/24 dev {inner}", k + 2));
-        ns.ip(&format!("link set {inner} up"));
-        nodes.push(Node { name: format!("box{}", k + 1), ns, iface: inner, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: None });
-    }
-    (PgArbiter::start(arb_ns), nodes)
+fn lab(n: usize) -> (ArbiterNet, Vec<Node>) {
+    let net = ArbiterNet::new();
+    let nodes = (0..n)
+        .map(|k| {
+            let ns = Netns::new("n");
+            let iface = net.attach(&ns, k as u8 + 2);
+            Node { name: format!("box{}", k + 1), ns, iface, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: None }
+        })
+        .collect();
+    (net, nodes)
 }
 
 impl Node {
@@ -185,40 +104,6 @@ impl Node {
     }
 }
 
-fn field(line: &str, key: &str) -> Option<u64> {
-    let at = line.find(&format!(" {key}="))? + key.len() + 2;
-    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-}
-
-/// Active intervals [start, end) in CLOCK_MONOTONIC ns, from one node's log. The end is the
-/// earliest of: the logged demotion, the last lease end it logged, its death, `now`.
-fn intervals(log: &str, killed_at: Option<u64>, now: u64) -> Vec<(u64, u64, u64)> {
-    let mut out = Vec::new();
-    let mut open: Option<(u64, u64, u64)> = None; // start, until, term
-    let close = |o: (u64, u64, u64), end: u64, out: &mut Vec<(u64, u64, u64)>| out.push((o.0, end.min(o.1), o.2));
-    for l in log.lines() {
-        if l.contains("role change") && l.contains("role=\"active\"") {
-            if let Some(o) = open.take() {
-                close(o, field(l, "mono_ns").unwrap(), &mut out);
-            }
-            open = Some((field(l, "mono_ns").unwrap(), field(l, "until_mono_ns").unwrap(), field(l, "term").unwrap()));
-        } else if l.contains("lease renewed") {
-            if let Some(o) = open.as_mut() {
-                o.1 = field(l, "until_mono_ns").unwrap();
-            }
-        } else if l.contains("role change")
-            && l.contains("role=\"standby\"")
-            && let Some(o) = open.take()
-        {
-            close(o, field(l, "mono_ns").unwrap(), &mut out);
-        }
-    }
-    if let Some(o) = open {
-        close(o, killed_at.unwrap_or(now).min(now), &mut out);
-    }
-    out
-}
-
 /// Asserts that no two nodes were ever active at once; returns every interval by node.
 fn assert_no_overlap(nodes: &[Node]) -> Vec<(String, u64, u64, u64)> {
     let now = mono_ns();
@@ -248,7 +133,7 @@ fn promoted_at(node: &Node) -> u64 {
     node.log().lines().rfind(|l| l.contains("role change") && l.contains("role=\"active\"")).and_then(|l| field(l, "mono_ns")).unwrap()
 }
 
-fn start_pair() -> (PgArbiter, Vec<Node>, usize) {
+fn start_pair() -> (ArbiterNet, Vec<Node>, usize) {
     let (arb, mut nodes) = lab(2);
     let init = nodes[0].cli(&["arbiter", "init"]);
     assert!(init.contains("arbiter ready"), "{init}");

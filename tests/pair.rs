@@ -6,8 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::pair::*;
@@ -22,21 +21,6 @@ fn start_pair(p: &Pair, peer_extra: &str) -> (Server, Server) {
     wait_log(&a, "catch-up with the partner complete", 1, Duration::from_secs(15));
     wait_log(&b, "catch-up with the partner complete", 1, Duration::from_secs(15));
     (a, b)
-}
-
-/// Waits until both boxes show the same table; on timeout shows both tables and logs.
-fn converge(a: &Server, b: &Server, limit: Duration) {
-    let start = std::time::Instant::now();
-    loop {
-        let (ta, tb) = (table(&a.leases()), table(&b.leases()));
-        if ta == tb {
-            return;
-        }
-        if start.elapsed() > limit {
-            panic!("tables differ after {limit:?}:\n a: {ta:#?}\n b: {tb:#?}\n--- a log ---\n{}\n--- b log ---\n{}", a.log_text(), b.log_text());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn leased(rows: &[serde_json::Value]) -> Vec<&serde_json::Value> {
@@ -54,12 +38,7 @@ fn before_ack_every_acked_lease_is_on_the_standby() {
     wait_log(&a, "partner in sync", 1, Duration::from_secs(10));
 
     let pcap = p.dir.path().join("replies.pcap");
-    let mut tcpdump = rns.cmd("tcpdump").args(["-i", rif, "-U", "-n", "-w"]).arg(&pcap).args(["udp", "and", "src", "port", "67"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
-    let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains("listening on") {
-        line.clear();
-    }
+    let capture = Capture::start(rns, rif, &pcap);
     let macs = mac_file(p.dir.path(), 80, 7);
     let out = rns.cmd("perfdhcp").args(["-4", "-l", "198.18.0.9", "-r", "40", "-n", "80", "-p", "20", "-M"]).arg(&macs).arg("198.18.0.1").output().unwrap();
     // Read the standby's table at once: before-ack means nothing may still be on its way.
@@ -71,9 +50,7 @@ fn before_ack_every_acked_lease_is_on_the_standby() {
     while count() < perf.acks && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = Command::new("kill").args(["-INT", &tcpdump.id().to_string()]).status();
-    let _ = tcpdump.wait();
-    let acks: HashMap<String, String> = pcap_replies(&pcap).into_iter().filter(|(k, _, _)| *k == 5).map(|(_, m, ip)| (ip.to_string(), fmt_mac(&m))).collect();
+    let acks: HashMap<String, String> = capture.stop().into_iter().filter(|r| r.kind == 5).map(|r| (r.yiaddr.to_string(), fmt_mac(&r.chaddr))).collect();
     // perfdhcp picks MACs from the file at random, so addresses repeat; about half are distinct.
     assert!(acks.len() >= 30, "only {} distinct ACKed addresses captured (perfdhcp: {:?})\n{}", acks.len(), perf, a.log_text());
     let mut missing = Vec::new();

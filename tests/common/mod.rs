@@ -421,6 +421,20 @@ pub fn mac_file(dir: &Path, count: usize, seed: u32) -> PathBuf {
 
 /// DHCP replies (message type, chaddr, yiaddr) found in a pcap file written by tcpdump -w.
 pub fn pcap_replies(path: &Path) -> Vec<(u8, [u8; 6], Ipv4Addr)> {
+    pcap_replies_at(path).into_iter().map(|r| (r.kind, r.chaddr, r.yiaddr)).collect()
+}
+
+/// A DHCP reply seen on the wire, with the capture's (wall-clock) time stamp.
+#[derive(Debug, Clone)]
+pub struct WireReply {
+    pub at: std::time::SystemTime,
+    pub kind: u8,
+    pub chaddr: [u8; 6],
+    pub yiaddr: Ipv4Addr,
+    pub src: Ipv4Addr,
+}
+
+pub fn pcap_replies_at(path: &Path) -> Vec<WireReply> {
     let data = std::fs::read(path).unwrap_or_default();
     let mut out = Vec::new();
     if data.len() < 24 {
@@ -430,7 +444,9 @@ pub fn pcap_replies(path: &Path) -> Vec<(u8, [u8; 6], Ipv4Addr)> {
     let linktype = if le { u32::from_le_bytes(data[20..24].try_into().unwrap()) } else { u32::from_be_bytes(data[20..24].try_into().unwrap()) };
     let mut off = 24;
     while off + 16 <= data.len() {
-        let incl = if le { u32::from_le_bytes(data[off + 8..off + 12].try_into().unwrap()) } else { u32::from_be_bytes(data[off + 8..off + 12].try_into().unwrap()) } as usize;
+        let word = |at: usize| if le { u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) } else { u32::from_be_bytes(data[at..at + 4].try_into().unwrap()) };
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(word(off).into()) + Duration::from_micros(word(off + 4).into());
+        let incl = word(off + 8) as usize;
         let start = off + 16;
         let end = (start + incl).min(data.len());
         off = start + incl;
@@ -475,7 +491,7 @@ pub fn pcap_replies(path: &Path) -> Vec<(u8, [u8; 6], Ipv4Addr)> {
                 }
             }
         }
-        out.push((kind, chaddr, yiaddr));
+        out.push(WireReply { at, kind, chaddr, yiaddr, src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]) });
     }
     out
 }
@@ -483,4 +499,42 @@ pub fn pcap_replies(path: &Path) -> Vec<(u8, [u8; 6], Ipv4Addr)> {
 pub fn fmt_mac(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
+pub mod arbiter;
 pub mod pair;
+
+/// tcpdump writing DHCP replies (UDP from port 67) seen on one interface to a pcap file;
+/// `start` returns once tcpdump says it is listening.
+pub struct Capture {
+    child: Child,
+    pub path: PathBuf,
+}
+
+impl Capture {
+    pub fn start(ns: &Netns, iface: &str, path: &Path) -> Capture {
+        let mut child = ns.cmd("tcpdump").args(["-i", iface, "-U", "-n", "-w"]).arg(path).args(["udp", "and", "src", "port", "67"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap() > 0 && !line.contains("listening on") {
+            line.clear();
+        }
+        Capture { child, path: path.to_path_buf() }
+    }
+
+    pub fn replies(&self) -> Vec<WireReply> {
+        pcap_replies_at(&self.path)
+    }
+
+    /// Stops tcpdump (SIGINT flushes what it holds) and returns every reply it wrote.
+    pub fn stop(mut self) -> Vec<WireReply> {
+        let _ = nix_kill(self.child.id(), "INT");
+        let _ = self.child.wait();
+        self.replies()
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

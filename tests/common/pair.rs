@@ -144,3 +144,18 @@ pub fn table(rows: &[serde_json::Value]) -> std::collections::BTreeMap<String, S
 pub fn wait_log(server: &Server, text: &str, count: usize, limit: Duration) {
     wait_for(&format!("{count}× {text:?} in {}", server.log.display()), limit, || (server.log_text().matches(text).count() >= count).then_some(()));
 }
+
+/// Waits until both boxes show the same table; on timeout shows both tables and logs.
+pub fn converge(a: &Server, b: &Server, limit: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let (ta, tb) = (table(&a.leases()), table(&b.leases()));
+        if ta == tb {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("tables differ after {limit:?}:\n a: {ta:#?}\n b: {tb:#?}\n--- a log ---\n{}\n--- b log ---\n{}", a.log_text(), b.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
