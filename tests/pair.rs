@@ -152,7 +152,7 @@ fn primary_revived_conflict_is_resolved_and_the_loser_nakked() {
     };
     // Primary revived (as standby), link healed: catch-up meets the conflict.
     p.heal();
-    let a = p.start(0, &ca, "standby");
+    let mut a = p.start(0, &ca, "standby");
     wait_log(&a, "catch-up with the partner complete", 2, Duration::from_secs(20));
     converge(&a, &b, Duration::from_secs(10));
     for (name, srv) in [("revived primary", &a), ("backup", &b)] {
@@ -164,6 +164,16 @@ fn primary_revived_conflict_is_resolved_and_the_loser_nakked() {
         assert!(list.iter().any(|c| c["winner"]["term"] == 2 && c["loser"]["term"] == 1 && c["kind"] == "address-held-by-two-clients"), "{name}: conflict not recorded: {list:?}");
         assert!(srv.log_text().contains("lease conflict resolved"), "{name}: conflict not logged");
     }
+    // The operator sees it in `systemctl status` too (STATUS= is refreshed every 5 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let s = a.wait_notify("partner reachable", Duration::from_secs(20));
+        if !s.contains(" 0 conflicts") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the status line never counted the conflict: {s}");
+    };
+    assert!(status.contains("STATUS=standby") && status.contains(" 1 conflicts"), "{status}");
     // The loser comes back (INIT-REBOOT for its old address) and is told no. (The helper starts
     // a fresh dhclient log.)
     let log1 = d1.join(format!("dhclient-{if1}.log"));

@@ -123,6 +123,7 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
     };
 
     let stats = Arc::new(EngineStats::default());
+    let sync_stats = peer.as_ref().map(|p| p.stats.clone());
     let (inbox_tx, inbox) = mpsc::channel(INBOX);
     let (stop_engine, shutdown) = tokio::sync::oneshot::channel();
     let engine = Engine {
@@ -167,7 +168,7 @@ pub async fn run_with(cfg: Config, role: RoleRx, readiness: watch::Sender<Readin
     if let Some(w) = watchdog {
         tracing::info!(timeout_ms = w.as_millis() as u64, "systemd watchdog enabled; pinging every half timeout while the engine and the store thread are moving");
     }
-    let status = notify::StatusReporter::new(role.clone(), stats.clone(), writer.stats.clone());
+    let status = notify::StatusReporter::new(role.clone(), stats.clone(), writer.stats.clone(), sync_stats);
     notify::ready(&status.line());
     let reporter = status.spawn(watchdog);
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use sd_notify::NotifyState;
 
 use super::engine::EngineStats;
+use super::peer::SyncStats;
 use crate::role::RoleRx;
 use crate::store::writer::WriterStats;
 
@@ -154,19 +155,22 @@ pub struct StatusReporter {
     role: RoleRx,
     engine: Arc<EngineStats>,
     writer: Arc<WriterStats>,
+    sync: Option<Arc<SyncStats>>,
 }
 
 impl StatusReporter {
-    pub fn new(role: RoleRx, engine: Arc<EngineStats>, writer: Arc<WriterStats>) -> StatusReporter {
-        StatusReporter { role, engine, writer }
+    /// `sync`: the lease-sync counters when this box has a partner.
+    pub fn new(role: RoleRx, engine: Arc<EngineStats>, writer: Arc<WriterStats>, sync: Option<Arc<SyncStats>>) -> StatusReporter {
+        StatusReporter { role, engine, writer, sync }
     }
 
     /// One line for `systemctl status`.
     pub fn line(&self) -> String {
         let role = *self.role.borrow();
         let term = role.term().map(|t| format!(" (term {t})")).unwrap_or_default();
+        let partner = self.sync.as_deref().map(partner_status).unwrap_or_default();
         format!(
-            "{}{}, {} leases, {} ACKs, {} store commits",
+            "{}{}, {} leases, {} ACKs, {} store commits{partner}",
             role.name(),
             term,
             self.engine.leases.load(Ordering::Relaxed),
@@ -241,6 +245,17 @@ impl StatusReporter {
             }
         }
     }
+}
+
+/// The partner part of the status line: whether the link is up (with its last heartbeat
+/// round trip), and the conflicts resolved so far, which `twinlease conflicts` lists.
+fn partner_status(s: &SyncStats) -> String {
+    let link = if s.reachable.load(Ordering::Relaxed) {
+        format!("partner reachable (rtt {:.1} ms)", s.rtt_us.load(Ordering::Relaxed) as f64 / 1000.0)
+    } else {
+        "partner unreachable".to_string()
+    };
+    format!("; {link}, {} updates sent, {} applied, {} conflicts", s.sent.load(Ordering::Relaxed), s.applied.load(Ordering::Relaxed), s.conflicts.load(Ordering::Relaxed))
 }
 
 /// The running reporter thread; [`Reporter::stop`] ends it (also on drop).
