@@ -246,8 +246,8 @@ echo "  both boxes hold $ADDR for the laptop: the standby had it on disk before 
 say "3. kill -9 the active box (${NAME[$ACT]}); the standby takes over once its last heartbeat is T old"
 KILLED_MONO=$(mono_now)
 KILLED_WALL_NS=${EPOCHREALTIME/./}000
-kill -9 "${PID[$ACT]}"
-wait "${PID[$ACT]}" 2>/dev/null || true
+# (stderr off around kill and wait: bash reports a job killed by a signal as "Killed")
+{ kill -9 "${PID[$ACT]}"; wait "${PID[$ACT]}" || true; } 2>/dev/null
 PID[$ACT]=
 echo "  killed ${NAME[$ACT]} at CLOCK_MONOTONIC ${KILLED_MONO:-?} ns"
 took_over() { alive "$SBY"; is_active "$SBY"; }
