@@ -241,6 +241,11 @@ done
 # Address, state, client, expiry and term must match (VER is per box, REMAINING ticks).
 cmp -s <(lease_row "$ACT" "$ADDR" | awk '{print $1, $2, $3, $6, $9}') <(lease_row "$SBY" "$ADDR" | awk '{print $1, $2, $3, $6, $9}') \
     || fail "the two boxes disagree about $ADDR"
+# The ACKs waited for the standby: the active's last word on its partner is "in sync", not an
+# ack timeout ("DHCPACKs no longer wait for it").
+sync_state=$(grep -E 'partner in sync|no longer wait' "${LOG[$ACT]}" | tail -n1)
+[[ $sync_state == *'partner in sync'* ]] || fail "the active did not hold its ACKs for the standby: ${sync_state:-no sync state logged}"
+sed "s/^/  ${NAME[$ACT]}: /" <<<"$sync_state"
 echo "  both boxes hold $ADDR for the laptop: the standby had it on disk before the ACK left (sync_mode = \"before-ack\")"
 
 say "3. kill -9 the active box (${NAME[$ACT]}); the standby takes over once its last heartbeat is T old"
@@ -318,7 +323,7 @@ cat <<EOF2
   printer: its reservation 198.18.0.50
   ${NAME[$ACT]} back from an empty disk: caught up, holds every lease, standby
 EOF2
-important='role change|catch-up with the partner|caught up with the partner|partner unreachable|election started|lease granted|handed the arbiter row'
+important='role change|catch-up with the partner|caught up with the partner|partner unreachable|partner in sync|election started|lease granted|handed the arbiter row'
 for f in "$FIRST_LOG" "${LOG[$ACT]}" "${LOG[$SBY]}"; do
     x=$(basename "$(dirname "$f")")
     echo "  -- ${NAME[$x]}, $(basename "$f")$([[ $f == "$FIRST_LOG" ]] && echo ' (until kill -9)')"
