@@ -1,5 +1,5 @@
 # twinlease — two commands do everything on a fresh machine:
-#   make demo   a throwaway lab in network namespaces with a real DHCP client
+#   make demo   a throwaway pair of boxes in network namespaces: election, sync, failover, a real client
 #   make test   every test (installs missing Debian packages first)
 # Further targets live in mk/*.mk (packaging, arbiter, benchmarks).
 
