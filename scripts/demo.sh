@@ -219,7 +219,8 @@ got_event() { client_alive; (($(events) > $1)); }
 lease_row() { "$BIN" leases --config "${CFG[$1]}" | awk -v a="$2" '$1 == a'; }
 
 say "2. a real DHCP client (busybox udhcpc) on the LAN gets a lease from the active box"
-ip netns exec "$LAPTOP" udhcpc -f -i laptop -s "$WORK/hook.sh" -t 5 -T 2 -n -x hostname:laptop \
+# It asks for .142 (RFC 2132 option 50), so the address it keeps is not simply the first free one.
+ip netns exec "$LAPTOP" udhcpc -f -i laptop -s "$WORK/hook.sh" -t 5 -T 2 -n -x hostname:laptop -r 198.18.0.142 \
     > "$WORK/laptop.log" 2>&1 &
 CLIENT_PID=$!
 wait_until "the laptop's lease" 20 got_event 0
