@@ -105,7 +105,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(config: &PathBuf, state_dir: Option<PathBuf>) -> anyhow::Result<Config> {
+fn load(config: &std::path::Path, state_dir: Option<PathBuf>) -> anyhow::Result<Config> {
     let mut cfg = Config::load(config)?;
     if let Some(d) = state_dir {
         cfg.node.state_dir = d;

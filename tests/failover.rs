@@ -123,20 +123,11 @@ fn promoted_at(log: &str) -> Option<u64> {
 }
 
 /// perfdhcp as a relay at `relay_ip` (on client `n`) against `server`: `rate`/s new clients
-/// (MACs from a file of `macs`), for at most `secs` seconds.
-fn perfdhcp(
-    p: &Pair,
-    n: usize,
-    relay_ip: &str,
-    server: &str,
-    rate: u32,
-    macs: usize,
-    seed: u32,
-    secs: u32,
-) -> Child {
+/// (MACs from a file of `macs`, one set per client), for at most `secs` seconds.
+fn perfdhcp(p: &Pair, n: usize, relay_ip: &str, server: &str, rate: u32, macs: usize, secs: u32) -> Child {
     let (ns, iface) = p.client(n);
     ns.ip(&format!("addr add {relay_ip}/24 dev {iface}"));
-    let file = mac_file(p.dir.path(), macs, seed);
+    let file = mac_file(p.dir.path(), macs, 10 + n as u32);
     ns.cmd("perfdhcp")
         .args([
             "-4",
@@ -203,8 +194,8 @@ fn kill_9_of_the_active_under_load_then_a_reflashed_box_rejoins() {
         site.p.client(2).1,
         &site.p.dir.path().join("to-standby.pcap"),
     );
-    let mut load_a = perfdhcp(&site.p, 1, "198.18.0.9", &lan_ip(a), 50, 200, 11, 12);
-    let mut load_b = perfdhcp(&site.p, 2, "198.18.0.10", &lan_ip(b), 10, 60, 12, 12);
+    let mut load_a = perfdhcp(&site.p, 1, "198.18.0.9", &lan_ip(a), 50, 200, 12);
+    let mut load_b = perfdhcp(&site.p, 2, "198.18.0.10", &lan_ip(b), 10, 60, 12);
     wait_for(
         "60 leases granted by the active",
         Duration::from_secs(20),
@@ -384,7 +375,7 @@ fn kill_9_of_the_active_under_load_then_a_reflashed_box_rejoins() {
         site.srv(b).log_text().contains("new or wiped"),
         "the active must notice the wiped store"
     );
-    assert!(leased_count(&site.srv(a).leases()) >= acked.len() + 1);
+    assert!(leased_count(&site.srv(a).leases()) > acked.len());
 
     // No two active intervals ever overlapped.
     let now = mono_ns();

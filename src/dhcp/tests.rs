@@ -398,7 +398,7 @@ fn run_any(bytes: &[u8], lab: &mut Lab) {
         for ing in [lan(), Ingress { iface_addrs: vec![], local_dst: SERVER, served: false }] {
             let o = handle(&lab.cfg, &mut lab.alloc, &req, &ing, lab.now, true);
             if let Action::Probe(p) = o.action {
-                let _ = after_probe(&lab.cfg, &mut lab.alloc, p, bytes.len() % 2 == 0, lab.now);
+                let _ = after_probe(&lab.cfg, &mut lab.alloc, p, bytes.len().is_multiple_of(2), lab.now);
             }
         }
         lab.alloc.check_invariants(lab.now).unwrap();

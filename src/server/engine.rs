@@ -221,7 +221,7 @@ impl Engine {
         }
         // The consistency walk is a safety net, not a hot path: a slice every ten seconds.
         self.ticks += 1;
-        if self.ticks % 10 == 0 {
+        if self.ticks.is_multiple_of(10) {
             let repaired = self.alloc.repair_queue(4096);
             if repaired > 0 {
                 tracing::error!(repaired, "allocator queue held busy addresses; repaired");

@@ -172,7 +172,7 @@ impl LeaseStore {
 
     pub fn get(&self, addr: Ipv4Addr) -> Result<Option<StoredBinding>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease WHERE addr = ?1"))?;
-        Ok(stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()?)
+        stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()
     }
 
     /// Bindings the peer has not confirmed (version differs from the synced one), in address
