@@ -11,7 +11,7 @@
 #   kea      one kea-dhcp4 (memfile), as in bench/dhcp-ladder.sh (KEA_SINGLE=0 skips it)
 #
 # Namespaces: A (the serving box: LAN 198.18.0.1/16 towards perfdhcp, peer link 198.19.0.1/30),
-# B (the partner: peer link 198.19.0.2/30 and a dummy "LAN" 198.18.0.1/16 that no client reaches),
+# B (the partner: peer link 198.19.0.2/30 and a "LAN" 198.18.0.1/16 that no client reaches),
 # P (perfdhcp relaying from 198.18.0.2). All addresses are from 198.18.0.0/15.
 # CPUs: the serving box (twinlease active, Kea primary and its control agent) on CPU 0; perfdhcp
 # on CPU 1, and the partner (twinlease standby, Kea standby and its control agent) on CPU 1 too
@@ -65,8 +65,10 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench_lan "$NS_A" "$LAN_A" "$NS_P" "$LAN_P"
 ip netns add "$NS_B"
 ip -n "$NS_B" link set lo up
-ip -n "$NS_B" link add "$LAN_B" type dummy
+# (a veth whose other end stays unused in B: the dummy driver is not available everywhere)
+ip -n "$NS_B" link add "$LAN_B" type veth peer name "${LAN_B}x"
 ip -n "$NS_B" addr add "$BENCH_SERVER_IP/16" dev "$LAN_B"
+ip -n "$NS_B" link set "${LAN_B}x" up
 ip -n "$NS_B" link set "$LAN_B" up
 ip link add "$LINK_A" netns "$NS_A" type veth peer name "$LINK_B" netns "$NS_B"
 ip -n "$NS_A" addr add "$PEER_A/30" dev "$LINK_A"
@@ -236,7 +238,7 @@ check_kea() { echo "-"; }
 # run_step KIND RATE → "rate acks/s drop% lat cpu/1k partner-cpu/1k" on stdout; the step's
 # readiness wait and notes go to $WORK/notes.
 run_step() {
-    local kind=$1 rate=$2 dir t0 t1 p0=0 p1=0 ready=$SECONDS
+    local kind=$1 rate=$2 dir t0 t1 p0=0 p1=0 ready=${EPOCHREALTIME/./}
     dir=$(mktemp -d "$WORK/$kind-$rate.XXXX")
     if ! "start_$kind" "$dir"; then
         echo "$kind at $rate/s did not become ready; logs:" >&2
@@ -246,13 +248,13 @@ run_step() {
         echo "$kind $rate: NOT READY" >> "$WORK/notes"
         return 0
     fi
-    ready=$((SECONDS - ready))
+    ready=$(( (${EPOCHREALTIME/./} - ready) / 1000 ))
     t0=$(cpu_ticks "${SERVER[@]}")
     ((${#PARTNER[@]})) && p0=$(cpu_ticks "${PARTNER[@]}")
     perf_load "$NS_P" "$rate" "$WORK/macs.txt" "$dir/perf.txt"
     t1=$(cpu_ticks "${SERVER[@]}")
     ((${#PARTNER[@]})) && p1=$(cpu_ticks "${PARTNER[@]}")
-    echo "$kind $rate: ready in ${ready}s; $("check_$kind" "$dir")" >> "$WORK/notes"
+    echo "$kind $rate: ready in ${ready} ms; $("check_$kind" "$dir")" >> "$WORK/notes"
     stop_servers
     perf_figures "$rate" $((t1 - t0)) "$dir/perf.txt" $((p1 - p0))
 }
