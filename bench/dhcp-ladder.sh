@@ -35,17 +35,13 @@ bench_lan "$SRV" "$VS" "$PERF" "$VP"
 bench_macs "$WORK/macs.txt"
 
 start_twinlease() {
-    local dir=$1
-    twinlease_conf "$dir/twinlease.toml" bench "$dir/state" "$VS" "warn,twinlease::stats=info"
-    ip netns exec "$SRV" env TWINLEASE_LOG_STDERR=1 taskset -c 0 "$BIN" run --config "$dir/twinlease.toml" 2> "$dir/server.log" &
-    SERVER_PID=$!
+    start_twinlease_box "$BIN" "$SRV" "$VS" "$1" "warn,twinlease::stats=info"
+    SERVER_PID=$LAUNCHED
 }
 
 start_kea() {
-    local dir=$1
-    kea_conf "$dir/kea.json" "$VS" "$dir"
-    ip netns exec "$SRV" env KEA_PIDFILE_DIR="$dir" KEA_LOCKFILE_DIR="$dir" taskset -c 0 kea-dhcp4 -c "$dir/kea.json" > "$dir/server.log" 2>&1 &
-    SERVER_PID=$!
+    start_kea_box "$SRV" "$VS" "$1"
+    SERVER_PID=$LAUNCHED
 }
 
 # run_step KIND RATE → prints "rate acks_per_s drop_pct latency_ms cpu_ms_per_1000"

@@ -124,6 +124,30 @@ kea_conf() {
 EOF
 }
 
+# launch NS CPU LOG CMD...: starts CMD pinned to CPU in namespace NS, stdout and stderr to LOG;
+# its PID is LAUNCHED and is appended to PIDS.
+PIDS=()
+launch() {
+    local ns=$1 cpu=$2 log=$3
+    shift 3
+    ip netns exec "$ns" taskset -c "$cpu" "$@" > "$log" 2>&1 &
+    LAUNCHED=$!
+    PIDS+=("$LAUNCHED")
+}
+
+# start_twinlease_box BIN NS IFACE DIR LOG_FILTER: one standalone twinlease on CPU 0, state and
+# log (server.log) in DIR; PID in LAUNCHED.
+start_twinlease_box() {
+    twinlease_conf "$4/twinlease.toml" bench "$4/state" "$3" "$5"
+    launch "$2" 0 "$4/server.log" env TWINLEASE_LOG_STDERR=1 "$1" run --config "$4/twinlease.toml"
+}
+
+# start_kea_box NS IFACE DIR: one kea-dhcp4 (memfile) on CPU 0, files in DIR; PID in LAUNCHED.
+start_kea_box() {
+    kea_conf "$3/kea.json" "$2" "$3"
+    launch "$1" 0 "$3/server.log" env KEA_PIDFILE_DIR="$3" KEA_LOCKFILE_DIR="$3" kea-dhcp4 -c "$3/kea.json"
+}
+
 # perf_load PERF_NS RATE MACS OUT: one bounded perfdhcp step (relay mode, STEP_SECS long).
 perf_load() {
     ip netns exec "$1" taskset -c 1 perfdhcp -4 -l "$BENCH_RELAY_IP" -r "$2" -p "$STEP_SECS" -M "$3" -W 500000 "$BENCH_SERVER_IP" > "$4" 2>&1 || true

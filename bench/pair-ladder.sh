@@ -44,7 +44,6 @@ LINK_B=tp${sfx}l
 PEER_A=198.19.0.1
 PEER_B=198.19.0.2
 WORK=$(mktemp -d /tmp/twinlease-bench-pair.XXXXXX)
-PIDS=()
 
 stop_servers() {
     local pid
@@ -84,23 +83,12 @@ chmod 600 "$WORK/peer.key"
 SERVER=()
 PARTNER=()
 
-# launch NS CPU LOG CMD...: starts CMD pinned to CPU in namespace NS; its PID is LAUNCHED.
-launch() {
-    local ns=$1 cpu=$2 log=$3
-    shift 3
-    ip netns exec "$ns" taskset -c "$cpu" "$@" > "$log" 2>&1 &
-    LAUNCHED=$!
-    PIDS+=("$LAUNCHED")
-}
-
 # ---- twinlease --------------------------------------------------------------------------
 
 TL_FILTER="warn,twinlease::stats=info,twinlease::server::peer=info"
 
 start_single() {
-    local dir=$1
-    twinlease_conf "$dir/twinlease.toml" bench "$dir/state" "$LAN_A" "$TL_FILTER"
-    launch "$NS_A" 0 "$dir/server.log" env TWINLEASE_LOG_STDERR=1 "$BIN" run --config "$dir/twinlease.toml"
+    start_twinlease_box "$BIN" "$NS_A" "$LAN_A" "$1" "$TL_FILTER"
     SERVER=("$LAUNCHED"); PARTNER=()
     wait_port_67 "$NS_A" "${SERVER[0]}"
 }
@@ -149,9 +137,7 @@ hook_path() {
 }
 
 start_kea() {
-    local dir=$1
-    kea_conf "$dir/kea.json" "$LAN_A" "$dir"
-    launch "$NS_A" 0 "$dir/server.log" env KEA_PIDFILE_DIR="$dir" KEA_LOCKFILE_DIR="$dir" kea-dhcp4 -c "$dir/kea.json"
+    start_kea_box "$NS_A" "$LAN_A" "$1"
     SERVER=("$LAUNCHED"); PARTNER=()
     wait_port_67 "$NS_A" "${SERVER[0]}"
 }
@@ -284,7 +270,7 @@ done
 # ---- report -------------------------------------------------------------------------------
 
 has() { [[ " ${kinds[*]} " == *" $1 "* ]]; }
-declare -A best=([pair]=0 [single]=0 [kea_ha]=0 [kea]=0)
+declare -A best=([pair]=0 [single]=0 [kea_ha]=0 [kea]=0) peak=([pair]=0 [single]=0 [kea_ha]=0 [kea]=0)
 declare -A title=([pair]="twinlease pair (before-ack)" [single]="twinlease single" [kea_ha]="Kea HA hot-standby" [kea]="Kea memfile single")
 
 echo
@@ -302,6 +288,7 @@ for kind in "${kinds[@]}"; do
         [[ $kind == pair || $kind == kea_ha ]] || pcpu=-
         printf '  %-9s %9s %7s%% %9s %11s %13s\n' "$rate/s" "$l" "$d" "$lat" "$cpu" "$pcpu"
         if under_1pct "$d" && (( l > best[$kind] )); then best[$kind]=$l; fi
+        if (( l > peak[$kind] )); then peak[$kind]=$l; fi
     done
 done
 
@@ -319,14 +306,20 @@ for rate in $RATES; do
 done
 
 echo
-echo "best rate with < 1% drops (the ladder's top rate caps it):"
-for kind in "${kinds[@]}"; do printf '  %-28s %6s leases/s\n' "${title[$kind]}" "${best[$kind]}"; done
-echo "  pair/single: $(ratio "${best[pair]}" "${best[single]}")x (target ≥ 0.8x)"
-if has kea_ha; then
-    echo "  pair/kea-ha: $(ratio "${best[pair]}" "${best[kea_ha]}")x (target ≥ 2x; measured side by side)"
-fi
+echo "best rate with < 1% drops, and peak leases/s at any step (the ladder's top rate caps both):"
+for kind in "${kinds[@]}"; do printf '  %-28s %6s leases/s < 1%% drops   peak %6s leases/s\n' "${title[$kind]}" "${best[$kind]}" "${peak[$kind]}"; done
+# target_line NAME KIND TARGET: the ratio at < 1 % drops, or — when B never got under 1 % — of the peaks.
+target_line() {
+    local kind=$2
+    if (( best[pair] > 0 && best[$kind] > 0 )); then
+        echo "  $1: $(ratio "${best[pair]}" "${best[$kind]}")x at < 1% drops, $(ratio "${peak[pair]}" "${peak[$kind]}")x of the peaks (target ≥ $3)"
+    else
+        echo "  $1: n/a at < 1% drops (one side never got under 1%), $(ratio "${peak[pair]}" "${peak[$kind]}")x of the peaks (target ≥ $3)"
+    fi
+}
+target_line pair/single single 0.8x
+if has kea_ha; then target_line "pair/kea-ha (side by side)" kea_ha 2x; fi
 echo "  pair / Kea's published HA hot-standby figure (5,621 leases/s, ISC lab, 2.5% drops): $(ratio "${best[pair]}" 5621)x"
-
 echo
 echo "per-step notes (readiness wait; pair: ACKs that stopped waiting for the standby, leases on"
 echo "each box right after the load; Kea HA: states after the load):"
