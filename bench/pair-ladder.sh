@@ -197,14 +197,14 @@ wait_kea_ha() {
 }
 
 start_kea_ha() {
-    local dir=$1 side ns cpu addr
+    local dir=$1 side ns cpu addr lan dhcp
     for side in a b; do
         mkdir -p "$dir/$side"
         if [[ $side == a ]]; then ns=$NS_A cpu=0 addr=$PEER_A lan=$LAN_A; else ns=$NS_B cpu=$PARTNER_CPU addr=$PEER_B lan=$LAN_B; fi
         kea_conf "$dir/$side/kea.json" "$lan" "$dir/$side" "$(kea_ha_json "kea-$side" "$dir/$side/kea4.sock")"
         ca_conf "$dir/$side/ca.json" "$addr" "$dir/$side/kea4.sock" "$dir/$side"
         launch "$ns" "$cpu" "$dir/$side/server.log" env KEA_PIDFILE_DIR="$dir/$side" KEA_LOCKFILE_DIR="$dir/$side" kea-dhcp4 -c "$dir/$side/kea.json"
-        local dhcp=$LAUNCHED
+        dhcp=$LAUNCHED
         launch "$ns" "$cpu" "$dir/$side/ca.out" env KEA_PIDFILE_DIR="$dir/$side" KEA_LOCKFILE_DIR="$dir/$side" kea-ctrl-agent -c "$dir/$side/ca.json"
         if [[ $side == a ]]; then SERVER=("$dhcp" "$LAUNCHED"); else PARTNER=("$dhcp" "$LAUNCHED"); fi
     done
