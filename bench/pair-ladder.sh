@@ -113,13 +113,20 @@ start_pair() {
 }
 
 # What a pair step leaves to check: did the active stop waiting for the standby during the
-# load (then the step is not a before-ack figure), and how many leases each box holds.
+# load (ack_timeout_ms ran out: then, until the next "partner in sync", its ACKs did not wait and
+# that part of the step is not a before-ack figure), for how long, and how many leases each box
+# holds right after the load.
 check_pair() {
-    local dir=$1 behind leased_a leased_b
-    behind=$(grep -cF "partner unreachable or behind" "$dir/server.log" || true)
+    local dir=$1 timeouts leased_a leased_b
+    timeouts=$(awk '
+        function secs(t) { split(substr(t, 12, 15), h, ":"); return h[1] * 3600 + h[2] * 60 + h[3] }
+        /partner unreachable or behind/ { if (from == "") from = secs($1); n++ }
+        /partner in sync/ && from != "" { lost += secs($1) - from; from = "" }
+        END { if (from != "") lost += last - from; printf "%d (not waiting for %.2f s)", n, lost }
+        { last = secs($1) }' "$dir/server.log")
     leased_a=$(leased_count "$dir/a.toml")
     leased_b=$(leased_count "$dir/b.toml")
-    echo "ack-timeouts=$behind active-leases=$leased_a standby-leases=$leased_b"
+    echo "ack-timeouts=$timeouts active-leases=$leased_a standby-leases=$leased_b"
 }
 
 leased_count() {
