@@ -8,6 +8,8 @@
 #            mode; each partner reaches the other through its kea-ctrl-agent (Kea 2.2's own HA
 #            listener needs a multi-threaded server); the primary parks each ACK until the
 #            standby confirmed the lease update
+#   kea_ha_mt (KEA_HA_MT=1) the same pair multi-threaded (2 packet threads, still pinned to one
+#            core each) with the HA hook's own HTTP listener instead of the control agents
 #   kea      one kea-dhcp4 (memfile), as in bench/dhcp-ladder.sh (KEA_SINGLE=0 skips it)
 #
 # Namespaces: A (the serving box: LAN 198.18.0.1/16 towards perfdhcp, peer link 198.19.0.1/30),
@@ -149,11 +151,18 @@ start_kea() {
     wait_port_67 "$NS_A" "${SERVER[0]}"
 }
 
-# kea_ha_json NAME SOCKET: the HA members of one partner's Dhcp4 (hot-standby, Kea's default
-# timers except a 1 s heartbeat so that a step becomes ready in seconds).
+# kea_ha_json NAME SOCKET MT: the HA members of one partner's Dhcp4 (hot-standby, Kea's default
+# timers except a 1 s heartbeat so that a step becomes ready in seconds). MT=0: single-threaded,
+# as in ISC's published HA figure, partners reached through their control agents; MT=1: Kea's
+# multi-threaded mode (2 packet threads) with the HA hook's own HTTP listener (no control agent).
 kea_ha_json() {
+    local server_mt=false ha_mt=""
+    if [[ $3 == 1 ]]; then
+        server_mt=true
+        ha_mt='"multi-threading": { "enable-multi-threading": true, "http-dedicated-listener": true, "http-listener-threads": 2, "http-client-threads": 2 },'
+    fi
     cat <<EOF
-"multi-threading": { "enable-multi-threading": false },
+"multi-threading": { "enable-multi-threading": $server_mt, "thread-pool-size": 2, "packet-queue-size": 64 },
 "control-socket": { "socket-type": "unix", "socket-name": "$2" },
 "hooks-libraries": [
   { "library": "$HOOK_LEASE_CMDS" },
@@ -164,6 +173,7 @@ kea_ha_json() {
       "max-response-delay": 60000,
       "max-ack-delay": 10000,
       "max-unacked-clients": 10,
+      $ha_mt
       "peers": [
         { "name": "kea-a", "url": "http://$PEER_A:8000/", "role": "primary", "auto-failover": true },
         { "name": "kea-b", "url": "http://$PEER_B:8000/", "role": "standby", "auto-failover": true }
@@ -203,26 +213,34 @@ wait_kea_ha() {
     done
 }
 
-start_kea_ha() {
-    local dir=$1 side ns cpu addr lan dhcp
+# start_kea_ha_with DIR MT: both partners (and, single-threaded, their control agents).
+start_kea_ha_with() {
+    local dir=$1 mt=$2 side ns cpu addr lan dhcp
     for side in a b; do
         mkdir -p "$dir/$side"
         if [[ $side == a ]]; then ns=$NS_A cpu=0 addr=$PEER_A lan=$LAN_A; else ns=$NS_B cpu=$PARTNER_CPU addr=$PEER_B lan=$LAN_B; fi
-        kea_conf "$dir/$side/kea.json" "$lan" "$dir/$side" "$(kea_ha_json "kea-$side" "$dir/$side/kea4.sock")"
-        ca_conf "$dir/$side/ca.json" "$addr" "$dir/$side/kea4.sock" "$dir/$side"
+        kea_conf "$dir/$side/kea.json" "$lan" "$dir/$side" "$(kea_ha_json "kea-$side" "$dir/$side/kea4.sock" "$mt")"
         launch "$ns" "$cpu" "$dir/$side/server.log" env KEA_PIDFILE_DIR="$dir/$side" KEA_LOCKFILE_DIR="$dir/$side" kea-dhcp4 -c "$dir/$side/kea.json"
         dhcp=$LAUNCHED
-        launch "$ns" "$cpu" "$dir/$side/ca.out" env KEA_PIDFILE_DIR="$dir/$side" KEA_LOCKFILE_DIR="$dir/$side" kea-ctrl-agent -c "$dir/$side/ca.json"
-        if [[ $side == a ]]; then SERVER=("$dhcp" "$LAUNCHED"); else PARTNER=("$dhcp" "$LAUNCHED"); fi
+        if [[ $mt == 0 ]]; then
+            ca_conf "$dir/$side/ca.json" "$addr" "$dir/$side/kea4.sock" "$dir/$side"
+            launch "$ns" "$cpu" "$dir/$side/ca.out" env KEA_PIDFILE_DIR="$dir/$side" KEA_LOCKFILE_DIR="$dir/$side" kea-ctrl-agent -c "$dir/$side/ca.json"
+            dhcp="$dhcp $LAUNCHED"
+        fi
+        # shellcheck disable=SC2206  # one PID or two, split on purpose
+        if [[ $side == a ]]; then SERVER=($dhcp); else PARTNER=($dhcp); fi
     done
     wait_port_67 "$NS_A" "${SERVER[0]}" && wait_kea_ha "$dir"
 }
+start_kea_ha() { start_kea_ha_with "$1" 0; }
+start_kea_ha_mt() { start_kea_ha_with "$1" 1; }
 
 # After the load: did the primary stay in hot-standby (else its ACKs stopped waiting)?
 check_kea_ha() {
     echo "primary-state-after=$(kea_state "$1/a/kea4.sock") standby-state-after=$(kea_state "$1/b/kea4.sock")"
 }
 
+check_kea_ha_mt() { check_kea_ha "$@"; }
 check_single() { echo "-"; }
 check_kea() { echo "-"; }
 
@@ -260,6 +278,7 @@ elif ! command -v kea-dhcp4 >/dev/null; then echo "(kea-dhcp4 not installed: no 
 else
     if command -v kea-ctrl-agent >/dev/null && HOOK_HA=$(hook_path libdhcp_ha.so) && HOOK_LEASE_CMDS=$(hook_path libdhcp_lease_cmds.so); then
         kinds+=(kea_ha)
+        [[ ${KEA_HA_MT:-0} == 0 ]] || kinds+=(kea_ha_mt)
     else
         echo "(kea-ctrl-agent or the HA/lease_cmds hooks missing: no Kea HA figures)"
     fi
@@ -277,8 +296,9 @@ done
 # ---- report -------------------------------------------------------------------------------
 
 has() { [[ " ${kinds[*]} " == *" $1 "* ]]; }
-declare -A best=([pair]=0 [single]=0 [kea_ha]=0 [kea]=0) peak=([pair]=0 [single]=0 [kea_ha]=0 [kea]=0)
-declare -A title=([pair]="twinlease pair (before-ack)" [single]="twinlease single" [kea_ha]="Kea HA hot-standby" [kea]="Kea memfile single")
+declare -A best=() peak=()
+for kind in "${kinds[@]}"; do best[$kind]=0; peak[$kind]=0; done
+declare -A title=([pair]="twinlease pair (before-ack)" [single]="twinlease single" [kea_ha]="Kea HA hot-standby" [kea_ha_mt]="Kea HA hot-standby, MT" [kea]="Kea memfile single")
 
 echo
 echo "perfdhcp relay mode, ${STEP_SECS}s per step, 50,000 random MACs; serving box on CPU 0, perfdhcp on CPU 1,"
@@ -292,7 +312,7 @@ for kind in "${kinds[@]}"; do
     printf '  %-9s %9s %8s %9s %11s %13s\n' offered leases/s drop% lat-ms cpu/1k partner/1k
     for rate in $RATES; do
         read -r _ l d lat cpu pcpu <<< "${result[$kind,$rate]}"
-        [[ $kind == pair || $kind == kea_ha ]] || pcpu=-
+        [[ $kind == pair || $kind == kea_ha* ]] || pcpu=-
         printf '  %-9s %9s %7s%% %9s %11s %13s\n' "$rate/s" "$l" "$d" "$lat" "$cpu" "$pcpu"
         if under_1pct "$d" && (( l > best[$kind] )); then best[$kind]=$l; fi
         if (( l > peak[$kind] )); then peak[$kind]=$l; fi
@@ -308,6 +328,10 @@ for rate in $RATES; do
     if has kea_ha; then
         read -r _ hl _ <<< "${result[kea_ha,$rate]}"
         line+=$(printf '   pair/kea-ha %s' "$(ratio "$pl" "$hl")")
+    fi
+    if has kea_ha_mt; then
+        read -r _ ml _ <<< "${result[kea_ha_mt,$rate]}"
+        line+=$(printf '   pair/kea-ha-mt %s' "$(ratio "$pl" "$ml")")
     fi
     echo "$line"
 done
@@ -326,6 +350,7 @@ target_line() {
 }
 target_line pair/single single 0.8x
 if has kea_ha; then target_line "pair/kea-ha (side by side)" kea_ha 2x; fi
+if has kea_ha_mt; then target_line "pair/kea-ha-mt (side by side; not the target's reference)" kea_ha_mt 2x; fi
 echo "  pair / Kea's published HA hot-standby figure (5,621 leases/s, ISC lab, 2.5% drops): $(ratio "${best[pair]}" 5621)x"
 echo
 echo "per-step notes (readiness wait; pair: ACKs that stopped waiting for the standby, leases on"
