@@ -8,8 +8,8 @@
 #            mode; each partner reaches the other through its kea-ctrl-agent (Kea 2.2's own HA
 #            listener needs a multi-threaded server); the primary parks each ACK until the
 #            standby confirmed the lease update
-#   kea_ha_mt (KEA_HA_MT=1) the same pair multi-threaded (2 packet threads, still pinned to one
-#            core each) with the HA hook's own HTTP listener instead of the control agents
+#   kea_ha_mt the same pair multi-threaded (2 packet threads, still pinned to one core each)
+#            with the HA hook's own HTTP listener instead of the control agents (KEA_HA_MT=0 skips it)
 #   kea      one kea-dhcp4 (memfile), as in bench/dhcp-ladder.sh (KEA_SINGLE=0 skips it)
 #
 # Namespaces: A (the serving box: LAN 198.18.0.1/16 towards perfdhcp, peer link 198.19.0.1/30),
@@ -278,7 +278,7 @@ elif ! command -v kea-dhcp4 >/dev/null; then echo "(kea-dhcp4 not installed: no 
 else
     if command -v kea-ctrl-agent >/dev/null && HOOK_HA=$(hook_path libdhcp_ha.so) && HOOK_LEASE_CMDS=$(hook_path libdhcp_lease_cmds.so); then
         kinds+=(kea_ha)
-        [[ ${KEA_HA_MT:-0} == 0 ]] || kinds+=(kea_ha_mt)
+        [[ ${KEA_HA_MT:-1} == 0 ]] || kinds+=(kea_ha_mt)
     else
         echo "(kea-ctrl-agent or the HA/lease_cmds hooks missing: no Kea HA figures)"
     fi

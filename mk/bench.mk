@@ -1,9 +1,10 @@
-# Pair benchmark (see README, "Benchmarks").
+# Pair benchmark (see README, "Benchmark: the pair").
 #   make bench-pair        one run, side by side at each offered rate: a twinlease pair (before-ack
-#                          sync), one twinlease box, a Kea HA hot-standby pair and one Kea (memfile);
+#                          sync), one twinlease box, Kea HA hot-standby pairs (single-
+#                          and multi-threaded) and one Kea (memfile);
 #                          then the full catch-up of 65,536 leases (tests/pair.rs, ignored test)
 #   make bench PAIR=1      the single-box ladder, then the above
-# RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 PARTNER_CPU=… CATCH_UP=0 tune it.
+# RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… KEEP=1 CATCH_UP=0 tune it.
 
 .PHONY: bench-pair bench-catch-up
 
