@@ -304,7 +304,7 @@ echo
 echo "perfdhcp relay mode, ${STEP_SECS}s per step, 50,000 random MACs; serving box on CPU 0, perfdhcp on CPU 1,"
 echo "partner (standby + for Kea its control agent) on CPU $PARTNER_CPU; fresh empty state per step"
 echo "twinlease: SQLite WAL synchronous=FULL, ACK after fsync; pair: ACK also after the standby's fsync"
-echo "(ack_timeout_ms = $ACK_TIMEOUT_MS). Kea: memfile, persist on (no fsync), single-threaded."
+echo "(ack_timeout_ms = $ACK_TIMEOUT_MS). Kea: memfile, persist on (no fsync), single-threaded except \"MT\"."
 echo "columns: leases/s, drop %, mean REQUEST→ACK ms, server CPU ms per 1k leases [+ partner CPU ms per 1k]"
 echo
 for kind in "${kinds[@]}"; do
