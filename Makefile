@@ -32,6 +32,8 @@ bench:
 	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
 	$(CARGO) build --profile bench-fast --quiet
 	@setsid -w bash bench/dhcp-ladder.sh target/bench-fast/twinlease
+	@if [ "$(PAIR)" = 1 ]; then $(MAKE) --no-print-directory bench-pair; \
+	else echo "(pair mode, before-ack sync vs Kea HA: make bench-pair, or make bench PAIR=1)"; fi
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,26 @@
+# Pair benchmark (see README, "Benchmark: the pair").
+#   make bench-pair        one run, side by side at each offered rate: a twinlease pair (before-ack
+#                          sync), one twinlease box, Kea HA hot-standby pairs (single-
+#                          and multi-threaded) and one Kea (memfile);
+#                          then the full catch-up of 65,536 leases (tests/pair.rs, ignored test)
+#   make bench PAIR=1      the single-box ladder, then the above
+# RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… KEEP=1 CATCH_UP=0 tune it.
+
+.PHONY: bench-pair bench-catch-up
+
+bench-pair:
+	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
+	$(CARGO) build --profile bench-fast --quiet
+	@setsid -w bash bench/pair-ladder.sh target/bench-fast/twinlease
+	@if [ "$(CATCH_UP)" != 0 ]; then $(MAKE) --no-print-directory bench-catch-up; fi
+
+# The ignored benchmark test: a standby with an empty store catches up 65,536 leases.
+bench-catch-up:
+	$(CARGO) test --profile bench-fast --quiet --test pair --no-run
+	@log=$$(mktemp); \
+	if $(CARGO) test --profile bench-fast --quiet --test pair -- --ignored --nocapture --exact bench_full_catch_up_of_65536_leases > "$$log" 2>&1; then \
+	    grep -F 'full catch-up of 65,536 leases' "$$log"; \
+	    echo "(target: ≤ 2 s; load average now $$(cut -d' ' -f1-3 /proc/loadavg))"; rm -f "$$log"; \
+	else \
+	    cat "$$log"; rm -f "$$log"; exit 1; \
+	fi
