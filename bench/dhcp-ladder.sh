@@ -11,7 +11,7 @@
 set -euo pipefail
 
 BIN=$(readlink -f "${1:?usage: dhcp-ladder.sh path/to/twinlease}")
-RATES=${RATES:-"1000 2000 4000 6000 8000 10000 12000"}
+RATES=${RATES:-"2000 4000 6000 8000 9000 10000 11000 12000 13000"}
 STEP_SECS=${STEP_SECS:-10}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_preflight
@@ -56,6 +56,7 @@ run_step() {
     t1=$(cpu_ticks "$SERVER_PID")
     kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=
+    [[ -n ${KEEP_LOGS:-} ]] && cp "$dir/server.log" "$KEEP_LOGS/$kind-$rate.log"
     perf_figures "$rate" $((t1 - t0)) "$dir/perf.txt"
 }
 
