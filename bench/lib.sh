@@ -13,6 +13,7 @@ bench_preflight() {
     (( STEP_SECS <= 30 )) || { echo "STEP_SECS must be ≤ 30"; exit 1; }
     [[ $(id -u) -eq 0 ]] || { echo "the benchmark needs root (network namespaces)"; exit 1; }
     command -v perfdhcp >/dev/null || { echo "perfdhcp missing (Debian package kea-admin)"; exit 1; }
+    bench_cgroup_setup
     # No priority boost (nice/autogroup) for the servers: with the serving core saturated, a
     # boosted server starves the kernel work that completes its own disk writes, and twinlease's
     # fsyncs then stalled for 3-5 s at 10,000 offers/s (the store thread's watchdog fired and
@@ -134,7 +135,42 @@ launch() {
     shift 3
     ip netns exec "$ns" taskset -c "$cpu" "$@" > "$log" 2>&1 &
     LAUNCHED=$!
+    # Into the quota'd group at once (from here: `ip netns exec` hides /sys/fs/cgroup); the
+    # pid execs its way to the server, and threads it starts later inherit the group.
+    if [[ -n $BENCH_CGROUP && $cpu == 0 ]]; then echo "$LAUNCHED" > "$BENCH_CGROUP/cgroup.procs"; fi
     PIDS+=("$LAUNCHED")
+}
+
+# CPU_QUOTA=P (percent of one core): the servers on CPU 0 share a CFS quota of P % (cgroup v1
+# cpu controller, or v2). perfdhcp generates ~13,000 exchanges/s from one core, which caps what
+# the ladder can offer; with the servers held to part of a core they reach their own limit
+# first, so leases/s compares their capacity at an equal CPU budget.
+BENCH_CGROUP=
+bench_cgroup_setup() {
+    [[ -n ${CPU_QUOTA:-} ]] || return 0
+    (( CPU_QUOTA >= 5 && CPU_QUOTA <= 100 )) || { echo "CPU_QUOTA is a percentage, 5-100"; exit 1; }
+    if [[ -d /sys/fs/cgroup/cpu && -w /sys/fs/cgroup/cpu ]]; then
+        BENCH_CGROUP=/sys/fs/cgroup/cpu/twinlease-bench-$$
+        mkdir "$BENCH_CGROUP"
+        echo 100000 > "$BENCH_CGROUP/cpu.cfs_period_us"
+        echo $((CPU_QUOTA * 1000)) > "$BENCH_CGROUP/cpu.cfs_quota_us"
+    elif [[ -f /sys/fs/cgroup/cgroup.controllers ]] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+        echo "+cpu" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+        BENCH_CGROUP=/sys/fs/cgroup/twinlease-bench-$$
+        mkdir "$BENCH_CGROUP"
+        echo "$((CPU_QUOTA * 1000)) 100000" > "$BENCH_CGROUP/cpu.max"
+    else
+        echo "CPU_QUOTA needs a cgroup cpu controller"; exit 1
+    fi
+    echo "servers held to ${CPU_QUOTA} % of one core (CFS quota, $BENCH_CGROUP)"
+}
+
+# Removes the quota'd group once its processes are gone.
+bench_cgroup_remove() {
+    [[ -n $BENCH_CGROUP ]] || return 0
+    local _
+    for _ in $(seq 1 100); do rmdir "$BENCH_CGROUP" 2>/dev/null && return 0; sleep 0.05; done
+    echo "could not remove $BENCH_CGROUP" >&2
 }
 
 # start_twinlease_box BIN NS IFACE DIR LOG_FILTER: one standalone twinlease on CPU 0, state and

@@ -58,6 +58,7 @@ stop_servers() {
 cleanup() {
     stop_servers
     bench_drop_netns "$NS_P" "$NS_A" "$NS_B"
+    bench_cgroup_remove
     if [[ ${KEEP:-0} == 1 ]]; then echo "logs kept in $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT

@@ -4,7 +4,7 @@
 #                          and multi-threaded) and one Kea (memfile);
 #                          then the full catch-up of 65,536 leases (tests/pair.rs, ignored test)
 #   make bench PAIR=1      the single-box ladder, then the above
-# RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… KEEP=1 CATCH_UP=0 tune it.
+# RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… CPU_QUOTA=… KEEP=1 CATCH_UP=0 tune it.
 
 .PHONY: bench-pair bench-catch-up
 
