@@ -65,12 +65,7 @@ kinds=(twinlease)
 if [[ ${KEA:-1} == 0 ]]; then :
 elif command -v kea-dhcp4 >/dev/null; then kinds+=(kea); else echo "(kea-dhcp4 not installed: twinlease only)"; fi
 
-declare -A result
-for rate in $RATES; do
-    for kind in "${kinds[@]}"; do
-        result[$kind,$rate]=$(run_step "$kind" "$rate")
-    done
-done
+run_ladder
 
 echo
 echo "perfdhcp relay mode, ${STEP_SECS}s per step, 50,000 random MACs, server on CPU 0, perfdhcp on CPU 1"

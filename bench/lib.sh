@@ -141,6 +141,18 @@ launch() {
     PIDS+=("$LAUNCHED")
 }
 
+# run_ladder: every kind in `kinds` at every rate in RATES, side by side, through the script's
+# own `run_step KIND RATE`; the figures go to result[KIND,RATE].
+run_ladder() {
+    declare -gA result
+    local rate kind
+    for rate in $RATES; do
+        for kind in "${kinds[@]}"; do
+            result[$kind,$rate]=$(run_step "$kind" "$rate")
+        done
+    done
+}
+
 # CPU_QUOTA=P (percent of one core): the servers on CPU 0 share a CFS quota of P % (cgroup v1
 # cpu controller, or v2). perfdhcp generates ~13,000 exchanges/s from one core, which caps what
 # the ladder can offer; with the servers held to part of a core they reach their own limit

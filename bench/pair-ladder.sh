@@ -288,12 +288,7 @@ else
 fi
 command -v socat >/dev/null || { [[ " ${kinds[*]} " != *" kea_ha "* ]] || { echo "socat is needed to poll Kea HA's state"; exit 1; }; }
 
-declare -A result
-for rate in $RATES; do
-    for kind in "${kinds[@]}"; do
-        result[$kind,$rate]=$(run_step "$kind" "$rate")
-    done
-done
+run_ladder
 
 # ---- report -------------------------------------------------------------------------------
 
