@@ -91,7 +91,7 @@ impl Node {
 
     /// Whether the last role change in the log is to active.
     fn logged_active(&self) -> bool {
-        self.log().lines().rfind(|l| l.contains("role change")).is_some_and(|l| l.contains("role=\"active\""))
+        logged_active(&self.log())
     }
 
     fn cli(&self, args: &[&str]) -> String {
@@ -107,17 +107,8 @@ impl Node {
 /// Asserts that no two nodes were ever active at once; returns every interval by node.
 fn assert_no_overlap(nodes: &[Node]) -> Vec<(String, u64, u64, u64)> {
     let now = mono_ns();
-    let mut all: Vec<(String, u64, u64, u64)> = Vec::new();
-    for n in nodes {
-        for (s, e, t) in intervals(&n.log(), n.killed_at, now) {
-            all.push((n.name.clone(), s, e, t));
-        }
-    }
-    all.sort_by_key(|x| x.1);
-    for w in all.windows(2) {
-        assert!(w[0].2 <= w[1].1, "active intervals overlap by {} ms: {:?} and {:?}\n{}", (w[0].2 - w[1].1) / 1_000_000, w[0], w[1], logs(nodes));
-    }
-    all
+    let all = nodes.iter().flat_map(|n| intervals(&n.log(), n.killed_at, now).into_iter().map(|(s, e, t)| (n.name.clone(), s, e, t))).collect();
+    assert_disjoint(all, &logs(nodes))
 }
 
 fn logs(nodes: &[Node]) -> String {
@@ -128,10 +119,6 @@ fn wait_active(nodes: &[Node], limit: Duration) -> usize {
     wait_for("a node to become active", limit, || nodes.iter().position(Node::logged_active))
 }
 
-/// When `node` last became active (CLOCK_MONOTONIC ns).
-fn promoted_at(node: &Node) -> u64 {
-    node.log().lines().rfind(|l| l.contains("role change") && l.contains("role=\"active\"")).and_then(|l| field(l, "mono_ns")).unwrap()
-}
 
 fn start_pair() -> (ArbiterNet, Vec<Node>, usize) {
     let (arb, mut nodes) = lab(2);
@@ -159,7 +146,7 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     nodes[a].kill9();
     let died = nodes[a].killed_at.unwrap();
     wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
-    let took = promoted_at(&nodes[b]) - died;
+    let took = promoted_at(&nodes[b].log()).unwrap() - died;
     eprintln!("TAKEOVER kill -9: {} ms after the active died (T = {} ms, I = {} ms)", took / 1_000_000, T_MS(), I_MS());
     assert!(took <= bound_ns(), "take-over took {} ms > T + I + 1 s\n{}", took / 1_000_000, logs(&nodes));
     let who = nodes[a].cli(&["whois", "--json"]);
@@ -187,7 +174,7 @@ fn a_clean_stop_hands_over_within_an_interval() {
     nodes[a].killed_at = Some(mono_ns()); // its process has ended by now
     assert!(nodes[a].log().contains("handed the arbiter row over"), "{}", nodes[a].log());
     wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
-    let took = promoted_at(&nodes[b]) - stopping;
+    let took = promoted_at(&nodes[b].log()).unwrap() - stopping;
     eprintln!("TAKEOVER clean stop: {} ms after SIGTERM (I = {} ms)", took / 1_000_000, I_MS());
     assert!(took <= (I_MS() + 1000) * 1_000_000, "hand-over took {} ms", took / 1_000_000);
     assert_no_overlap(&nodes);
@@ -200,7 +187,7 @@ fn the_active_losing_its_link_stops_before_the_other_starts() {
     let cut = mono_ns();
     nodes[a].link(false);
     wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
-    let took = promoted_at(&nodes[b]) - cut;
+    let took = promoted_at(&nodes[b].log()).unwrap() - cut;
     eprintln!("TAKEOVER link down: {} ms after the active's link went down", took / 1_000_000);
     assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);
     wait_for("the isolated box to demote itself", Duration::from_secs(5), || (!nodes[a].logged_active()).then_some(()));
@@ -284,7 +271,7 @@ fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
     nodes[a].kill9();
     let died = nodes[a].killed_at.unwrap();
     wait_for("the other process to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
-    let took = promoted_at(&nodes[b]) - died;
+    let took = promoted_at(&nodes[b].log()).unwrap() - died;
     eprintln!("TAKEOVER sqlite kill -9: {} ms", took / 1_000_000);
     assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);
     let who = nodes[a].cli(&["whois"]);

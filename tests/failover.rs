@@ -81,11 +81,7 @@ impl Site {
     }
 
     fn logged_active(&self, i: usize) -> bool {
-        self.srv(i)
-            .log_text()
-            .lines()
-            .rfind(|l| l.contains("role change"))
-            .is_some_and(|l| l.contains("role=\"active\""))
+        logged_active(&self.srv(i).log_text())
     }
 
     fn logs(&self) -> String {
@@ -114,12 +110,6 @@ impl Site {
 /// The box's LAN address (198.18.0.1 for box 0, .2 for box 1).
 fn lan_ip(i: usize) -> String {
     format!("198.18.0.{}", i + 1)
-}
-
-fn promoted_at(log: &str) -> Option<u64> {
-    log.lines()
-        .rfind(|l| l.contains("role change") && l.contains("role=\"active\""))
-        .and_then(|l| field(l, "mono_ns"))
 }
 
 /// perfdhcp as a relay at `relay_ip` (on client `n`) against `server`: `rate`/s new clients
@@ -379,30 +369,12 @@ fn kill_9_of_the_active_under_load_then_a_reflashed_box_rejoins() {
 
     // No two active intervals ever overlapped.
     let now = mono_ns();
-    let mut all: Vec<(usize, u64, u64, u64)> = intervals(&first_life, Some(killed_mono), now)
-        .into_iter()
-        .map(|(s, e, t)| (a, s, e, t))
+    let lives = [(a, first_life, Some(killed_mono)), (b, site.srv(b).log_text(), None), (a, second_life(), None)];
+    let all = lives
+        .iter()
+        .flat_map(|(i, log, killed)| intervals(log, *killed, now).into_iter().map(move |(s, e, t)| (format!("box {i}"), s, e, t)))
         .collect();
-    all.extend(
-        intervals(&site.srv(b).log_text(), None, now)
-            .into_iter()
-            .map(|(s, e, t)| (b, s, e, t)),
-    );
-    all.extend(
-        intervals(&second_life(), None, now)
-            .into_iter()
-            .map(|(s, e, t)| (a, s, e, t)),
-    );
-    all.sort_by_key(|x| x.1);
-    for w in all.windows(2) {
-        assert!(
-            w[0].2 <= w[1].1,
-            "active intervals overlap: {:?} and {:?}\n{}",
-            w[0],
-            w[1],
-            site.logs()
-        );
-    }
+    assert_disjoint(all, &site.logs());
 }
 
 fn leased_count(rows: &[serde_json::Value]) -> usize {

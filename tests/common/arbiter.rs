@@ -178,6 +178,26 @@ pub fn intervals(log: &str, killed_at: Option<u64>, now: u64) -> Vec<(u64, u64, 
     out
 }
 
+/// Whether the last role change in a box's log is to active.
+pub fn logged_active(log: &str) -> bool {
+    log.lines().rfind(|l| l.contains("role change")).is_some_and(|l| l.contains("role=\"active\""))
+}
+
+/// When the box whose log this is last became active (CLOCK_MONOTONIC ns).
+pub fn promoted_at(log: &str) -> Option<u64> {
+    log.lines().rfind(|l| l.contains("role change") && l.contains("role=\"active\"")).and_then(|l| field(l, "mono_ns"))
+}
+
+/// Asserts that no two of these active intervals (box, start, end, term) overlap; returns them
+/// ordered by start. `logs` is shown when they do.
+pub fn assert_disjoint(mut all: Vec<(String, u64, u64, u64)>, logs: &str) -> Vec<(String, u64, u64, u64)> {
+    all.sort_by_key(|x| x.1);
+    for w in all.windows(2) {
+        assert!(w[0].2 <= w[1].1, "active intervals overlap by {} ms: {:?} and {:?}\n{logs}", (w[0].2 - w[1].1) / 1_000_000, w[0], w[1]);
+    }
+    all
+}
+
 /// The arbiter's namespace with its bridge; boxes are plugged in with [`ArbiterNet::attach`].
 pub struct ArbiterNet {
     pub arb: PgArbiter,
