@@ -248,7 +248,8 @@ impl StatusReporter {
 }
 
 /// The partner part of the status line: whether the link is up (with its last heartbeat
-/// round trip), and the conflicts resolved so far, which `twinlease conflicts` lists.
+/// round trip), the updates sent and applied, and the conflicts resolved so far (which
+/// `twinlease conflicts` lists).
 fn partner_status(s: &SyncStats) -> String {
     let link = if s.reachable.load(Ordering::Relaxed) {
         format!("partner reachable (rtt {:.1} ms)", s.rtt_us.load(Ordering::Relaxed) as f64 / 1000.0)
