@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build deps test test-unit test-integration demo bench clean
+.PHONY: all build deps test test-unit demo bench clean
 
 all: build
 
@@ -18,7 +18,7 @@ deps:
 
 # Unit + property tests, then the integration tests (real clients in namespaces, run in parallel).
 test: deps
-	$(CARGO) test --all-targets --features fault-injection -- --test-threads=$${TEST_THREADS:-8}
+	$(CARGO) test --all-targets --features fault-injection --no-fail-fast -- --test-threads=$${TEST_THREADS:-8}
 	@if [ "$(PACKAGING_TESTS)" != 0 ]; then $(MAKE) --no-print-directory test-packaging; fi
 
 test-unit:

@@ -3,7 +3,7 @@
 # rates, and — when kea-dhcp4 is installed — the same ladder against Kea (memfile) in the same
 # run, so the figures are ratios measured side by side on this noisy machine.
 #
-# Method (see ../shared/notes/bench.md): server pinned to CPU 0, perfdhcp to CPU 1, a fresh
+# Method (README, "Benchmark: one box"): server pinned to CPU 0, perfdhcp to CPU 1, a fresh
 # empty persistent lease store per step, 50,000 random MACs, each step bounded (STEP_SECS ≤ 30).
 # Reported per step: leases/s (ACKs / step time), drop % (DISCOVERs without an ACK), mean
 # REQUEST→ACK latency, and server CPU milliseconds per 1,000 leases (from /proc/PID/stat) —

@@ -1,8 +1,8 @@
 # Shared by bench/dhcp-ladder.sh and bench/pair-ladder.sh (sourced, not run).
 #
 # The client LAN of every benchmark is 198.18.0.0/16: the server box is 198.18.0.1, perfdhcp
-# relays from 198.18.0.2 (giaddr), the pool is 198.18.1.0–198.18.255.254. Method: see
-# ../shared/notes/bench.md (server on CPU 0, perfdhcp on CPU 1, fresh empty store per step).
+# relays from 198.18.0.2 (giaddr), the pool is 198.18.1.0–198.18.255.254. Method (README,
+# "Benchmark: one box"): server on CPU 0, perfdhcp on CPU 1, fresh empty store per step.
 
 BENCH_SERVER_IP=198.18.0.1
 BENCH_RELAY_IP=198.18.0.2

@@ -1,6 +1,6 @@
 //! `make bench-arbiter`: N branch pairs heartbeating against one PostgreSQL arbiter.
 //!
-//! Every simulated box runs the real election machine (`twinlease::election::Machine`) on its
+//! Every simulated box runs the real election machine (`twinlease::election::Elector`) on its
 //! own tokio task, with its own utype per pair, so the statement mix is the production one: the
 //! active box sends UpdateHeartBeat every I, the standby GetPrimary every I. The boxes share a
 //! small pool of pipelined connections (a head-office arbiter would sit behind a pooler).
@@ -18,7 +18,7 @@ use twinlease::clock::boottime;
 use twinlease::config::TlsMode;
 use twinlease::election::backend::postgres::{PgBackend, PgConn};
 use twinlease::election::backend::{Backend, TABLE};
-use twinlease::election::{Call, Claim, Effect, Machine, Params, Reply, Uuid};
+use twinlease::election::{Call, Claim, Effect, Elector, Params, Reply, Uuid};
 
 struct Opts {
     pairs: usize,
@@ -30,7 +30,14 @@ struct Opts {
 }
 
 fn opts() -> Opts {
-    let mut o = Opts { pairs: 5000, seconds: 20, interval_ms: 1000, timeout_ms: 5000, connections: 16, url: "postgres://root@127.0.0.1:5432/test".into() };
+    let mut o = Opts {
+        pairs: 5000,
+        seconds: 20,
+        interval_ms: 1000,
+        timeout_ms: 5000,
+        connections: 16,
+        url: "postgres://root@127.0.0.1:5432/test".into(),
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i + 1 < args.len() {
@@ -59,9 +66,17 @@ struct Totals {
 
 /// One box: runs the machine until `stop`; returns latencies (µs) measured after `warm`, and
 /// whether it ended active.
-async fn node(conn: Arc<PgConn>, params: Params, claim: Claim, offset: Duration, warm: Instant, stop: Instant, totals: Arc<Totals>) -> (Vec<u32>, bool) {
+async fn node(
+    conn: Arc<PgConn>,
+    params: Params,
+    claim: Claim,
+    offset: Duration,
+    warm: Instant,
+    stop: Instant,
+    totals: Arc<Totals>,
+) -> (Vec<u32>, bool) {
     tokio::time::sleep(offset).await;
-    let mut m = Machine::new(params, claim.uuid, &claim.utype, boottime());
+    let mut m = Elector::new(params, claim.uuid, &claim.utype, boottime());
     let mut lat = Vec::new();
     let mut pending = m.poll(boottime());
     loop {
@@ -72,14 +87,18 @@ async fn node(conn: Arc<PgConn>, params: Params, claim: Claim, offset: Duration,
                 let t0 = Instant::now();
                 let r = match call {
                     Call::Read => tokio::time::timeout(left, conn.read(&claim.utype)).await.map(|r| r.map(Reply::Read)),
-                    Call::Heartbeat => tokio::time::timeout(left, conn.heartbeat(&claim)).await.map(|r| r.map(Reply::Beat)),
+                    Call::Heartbeat => {
+                        tokio::time::timeout(left, conn.heartbeat(&claim)).await.map(|r| r.map(Reply::Beat))
+                    }
+                    // Simulated boxes never step down.
+                    Call::Release => unreachable!("no step-down in the benchmark"),
                 };
                 let took = t0.elapsed();
                 if t0 >= warm && t0 < stop {
                     totals.statements.fetch_add(1, Ordering::Relaxed);
                     match call {
                         Call::Read => totals.reads.fetch_add(1, Ordering::Relaxed),
-                        Call::Heartbeat => totals.beats.fetch_add(1, Ordering::Relaxed),
+                        Call::Heartbeat | Call::Release => totals.beats.fetch_add(1, Ordering::Relaxed),
                     };
                     lat.push(took.as_micros().min(u128::from(u32::MAX)) as u32);
                 }
@@ -120,7 +139,8 @@ fn pct(sorted: &[u32], p: f64) -> f64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let o = opts();
-    let params = Params { interval: Duration::from_millis(o.interval_ms), timeout: Duration::from_millis(o.timeout_ms) };
+    let params =
+        Params { interval: Duration::from_millis(o.interval_ms), timeout: Duration::from_millis(o.timeout_ms) };
     assert!(params.timeout > params.interval * 2, "T > 2I");
     let run = format!("bench/{}", std::process::id());
     let mut admin = PgBackend::new(&o.url, None, TlsMode::Off, None).expect("url");
@@ -142,7 +162,13 @@ async fn main() {
             x ^= x >> 7;
             x ^= x << 17;
             let offset = Duration::from_micros(x % (o.interval_ms * 1000));
-            let claim = Claim { utype: format!("{run}/{p}"), uuid: Uuid::new_v4(), name: format!("b{p}-{side}"), endpoint: String::new(), timeout_ms: o.timeout_ms };
+            let claim = Claim {
+                utype: format!("{run}/{p}"),
+                uuid: Uuid::new_v4(),
+                name: format!("b{p}-{side}"),
+                endpoint: String::new(),
+                timeout_ms: o.timeout_ms,
+            };
             let conn = conns[(2 * p + side) % conns.len()].clone();
             tasks.push(tokio::spawn(node(conn, params, claim, offset, warm, stop, totals.clone())));
         }
@@ -161,8 +187,22 @@ async fn main() {
     let intervals = secs * 1000.0 / o.interval_ms as f64;
     let pairs_ok = active.iter().filter(|a| **a == 1).count();
     let pairs_two = active.iter().filter(|a| **a > 1).count();
-    println!("arbiter benchmark: {} pairs ({} boxes), I = {} ms, T = {} ms, {} connections, {} s measured after {} s warm-up", o.pairs, 2 * o.pairs, o.interval_ms, o.timeout_ms, o.connections, o.seconds, warmup.as_secs());
-    println!("  statements/s            {:>10.0}  (heartbeats {:.0}/s, reads {:.0}/s)", stmts / secs, totals.beats.load(Ordering::Relaxed) as f64 / secs, totals.reads.load(Ordering::Relaxed) as f64 / secs);
+    println!(
+        "arbiter benchmark: {} pairs ({} boxes), I = {} ms, T = {} ms, {} connections, {} s measured after {} s warm-up",
+        o.pairs,
+        2 * o.pairs,
+        o.interval_ms,
+        o.timeout_ms,
+        o.connections,
+        o.seconds,
+        warmup.as_secs()
+    );
+    println!(
+        "  statements/s            {:>10.0}  (heartbeats {:.0}/s, reads {:.0}/s)",
+        stmts / secs,
+        totals.beats.load(Ordering::Relaxed) as f64 / secs,
+        totals.reads.load(Ordering::Relaxed) as f64 / secs
+    );
     println!("  per box per interval    {:>10.2}", stmts / boxes / intervals);
     println!("  latency p50 / p99 / max {:>7.2} / {:.2} / {:.2} ms", pct(&lat, 0.5), pct(&lat, 0.99), pct(&lat, 1.0));
     println!("  failed or timed out     {:>10}", totals.failures.load(Ordering::Relaxed));

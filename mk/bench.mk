@@ -4,9 +4,10 @@
 #                          and multi-threaded) and one Kea (memfile);
 #                          then the full catch-up of 65,536 leases (tests/pair.rs, ignored test)
 #   make bench PAIR=1      the single-box ladder, then the above
+#   make bench-control     50 status clients on the control socket during perfdhcp at 2,000/s
 # RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… CPU_QUOTA=… KEEP=1 CATCH_UP=0 tune it.
 
-.PHONY: bench-pair bench-catch-up
+.PHONY: bench-pair bench-catch-up bench-control
 
 bench-pair:
 	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
@@ -24,3 +25,11 @@ bench-catch-up:
 	else \
 	    cat "$$log"; rm -f "$$log"; exit 1; \
 	fi
+
+# The ignored benchmark test: 50 status clients asking 20 times a second each while perfdhcp runs
+# at 2,000 leases/s, against perfdhcp alone in the same run (tests/control_load.rs).
+bench-control:
+	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
+	$(CARGO) test --profile bench-fast --quiet --test control_load --no-run
+	$(CARGO) test --profile bench-fast --quiet --test control_load -- --ignored --nocapture --exact \
+	    bench_fifty_status_clients_at_2000_per_second 2>&1 | grep -F CONTROL

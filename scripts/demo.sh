@@ -131,6 +131,9 @@ for x in a b; do
 name = "${NAME[$x]}"
 state_dir = "$WORK/$x/state"
 
+[control]
+runtime_dir = "$WORK/$x/run"
+
 [dhcp]
 interfaces = ["lan-$x"]
 ping_check = true

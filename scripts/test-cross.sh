@@ -2,8 +2,10 @@
 # Proof that the aarch64 binary runs: under qemu-aarch64-static (Debian's qemu-user-static),
 #   scripts/test-cross.sh dist/twinlease-aarch64 [NATIVE_BINARY]
 # 1. `version`;
-# 2. `check-config` on every file in config/: valid ones exit 0, config/invalid/ ones exit 1
-#    with their "# expect:" text at their "# expect-line:"; a file may declare the host it
+# 2. `check-config` on every file in config/: valid ones exit 0 (with --skip-secret-files: the
+#    key and password files they name live on the boxes), config/invalid/ ones exit 1 with
+#    their "# expect:" text at their "# expect-line:" (and "# expect-column:" when given),
+#    secret files read; a file may declare the host it
 #    needs ("# local: lan0 198.18.0.120/24") and is then checked in a namespace with that
 #    interface; output identical to the native binary's (default dist/twinlease-x86_64);
 # 3. a DHCP exchange: the daemon under qemu in one network namespace (ping check on, so the raw
@@ -52,16 +54,18 @@ for f in "$here"/config/*.toml "$here"/config/*/*.toml; do
             ip -n "$lns" addr add "$lcidr" dev "$lif" && ip -n "$lns" link set "$lif" up ||
             { bad "check-config $rel: cannot set up $lif $lcidr"; continue; }
     fi
-    out="$(run_in "$qemu" "$bin" check-config "$f")"; rc=$?
-    case "$rel" in config/invalid/*) want=1 ;; *) want=0 ;; esac
+    case "$rel" in config/invalid/*) want=1 skip=() ;; *) want=0 skip=(--skip-secret-files) ;; esac
+    out="$(run_in "$qemu" "$bin" check-config "${skip[@]}" "$f")"; rc=$?
     expect="$(sed -n 's/^# expect: //p' "$f" | head -1)"
     line="$(sed -n 's/^# expect-line: //p' "$f" | head -1)"
+    column="$(sed -n 's/^# expect-column: //p' "$f" | head -1)"
+    at="$f:$line:${column:+$column:}"
     if [[ $rc -ne $want ]]; then
         bad "check-config $rel: exit $rc, expected $want: $out"
-    elif [[ $want -eq 1 && ( "$out" != *"$expect"* || "$out" != *"$f:$line:"* ) ]]; then
-        bad "check-config $rel: expected \"$f:$line: ... $expect\", got: $out"
-    elif [[ -x "$native" && "$out" != "$(run_in "$native" check-config "$f")" ]]; then
-        bad "check-config $rel: aarch64 and native output differ:"$'\n'"$out"$'\n'"---"$'\n'"$(run_in "$native" check-config "$f")"
+    elif [[ $want -eq 1 && ( "$out" != *"$expect"* || "$out" != *"$at"* ) ]]; then
+        bad "check-config $rel: expected \"$at ... $expect\", got: $out"
+    elif [[ -x "$native" && "$out" != "$(run_in "$native" check-config "${skip[@]}" "$f")" ]]; then
+        bad "check-config $rel: aarch64 and native output differ:"$'\n'"$out"$'\n'"---"$'\n'"$(run_in "$native" check-config "${skip[@]}" "$f")"
     else
         ok "check-config $rel (exit $rc)"
     fi

@@ -31,3 +31,8 @@ pub fn boot_to_mono(at: Duration) -> Duration {
     let (b, m) = (boottime(), monotonic());
     if at >= b { m + (at - b) } else { m.saturating_sub(b - at) }
 }
+
+/// Wall-clock seconds since the Unix epoch: the time lease records carry (0 before 1970).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

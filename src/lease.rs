@@ -170,7 +170,18 @@ pub struct Binding {
 impl Binding {
     /// A never-used address: free and available since the epoch.
     pub fn fresh(addr: Ipv4Addr) -> Binding {
-        Binding { addr, state: LeaseState::Free, owner: None, expires: 0, cltt: 0, version: 0, term: 0, seq: 0, hw: Vec::new(), hostname: None }
+        Binding {
+            addr,
+            state: LeaseState::Free,
+            owner: None,
+            expires: 0,
+            cltt: 0,
+            version: 0,
+            term: 0,
+            seq: 0,
+            hw: Vec::new(),
+            hostname: None,
+        }
     }
 
     /// Busy and not yet past its expiry.

@@ -1,22 +1,25 @@
-//! twinlease: a DHCPv4 server for a pair of branch-office boxes.
+//! twinlease: a DHCPv4 server for a pair of branch-office boxes. docs/design.md has the map,
+//! the origin documents ("seeds") and the safety rules; in short:
 //!
-//! Where each design seed lives:
-//! * `allocator` — seed 004, the queue/busy/alias/compare-and-swap address allocator;
-//! * `store` — the durable SQLite lease store (one writer thread, group commit);
-//! * `dhcp` — RFC 2131 decisions: message + context + now → reply + store operations (no I/O);
-//! * `server` — the tokio driver: sockets, ping checks, reaper, readiness;
-//! * `election` — seeds 000–002, who may serve: an I/O-free state machine against a SQL arbiter.
+//! * vocabulary: `lease` (bindings and compare-and-swap transitions), `clock`, `role`, `config`;
+//! * machines, I/O-free (time and input in, actions out): `allocator` (seed 004's queue, busy
+//!   entries, aliases, reaper), `dhcp` (RFC 2131 decisions), `sync::machine` (lease sync, seed
+//!   003), `election::machine` (seeds 000–002);
+//! * drivers: `store` (SQLite, one writer thread, group commit, file checks), `sync::link`
+//!   (the authenticated connection to the partner), `election::driver` and its backends,
+//!   `server` (sockets, engine, replication, sd_notify), `logging`.
 
 pub mod allocator;
 pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod election;
+pub mod events;
 pub mod lease;
-pub mod store;
-pub mod sync;
 pub mod logging;
 pub mod role;
 pub mod server;
+pub mod store;
+pub mod sync;
 #[cfg(test)]
 mod testkit;

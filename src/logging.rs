@@ -10,28 +10,139 @@ use tracing_subscriber::prelude::*;
 
 const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 
+/// Parses a RUST_LOG-style filter. The configuration's `[log] filter` is checked with this when
+/// the file loads, so `init` never meets an invalid one there.
+pub fn parse_filter(text: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+    EnvFilter::try_new(text)
+}
+
 pub fn init(config_filter: Option<&str>) {
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .or_else(|| config_filter.and_then(|f| EnvFilter::try_new(f).ok()))
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    let journald = if std::path::Path::new(JOURNAL_SOCKET).exists() && std::env::var_os("TWINLEASE_LOG_STDERR").is_none() {
-        tracing_journald::layer().ok()
-    } else {
-        None
+    let from_env = std::env::var("RUST_LOG").ok().map(|text| {
+        let parsed = parse_filter(&text);
+        (text, parsed)
+    });
+    let (filter, bad_env) = match from_env {
+        Some((_, Ok(f))) => (f, None),
+        Some((text, Err(e))) => (fallback_filter(config_filter), Some((text, e))),
+        None => (fallback_filter(config_filter), None),
     };
+    let journald =
+        if std::path::Path::new(JOURNAL_SOCKET).exists() && std::env::var_os("TWINLEASE_LOG_STDERR").is_none() {
+            tracing_journald::layer().ok()
+        } else {
+            None
+        };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    // RUST_LOG set by hand (a test, a debugging session) wins over a reloaded configuration.
+    if std::env::var_os("RUST_LOG").is_none() {
+        let _ = RELOAD.set(handle);
+    }
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
         Some(j) => {
             // Fields go to the journal under their own names (ADDRESS=, CLIENT=, TERM=, ROLE=),
             // so `journalctl -u twinlease ADDRESS=198.18.0.7` finds one address's history.
             // Journal priorities as syslog means them: info is 6 (the crate's default says 5, notice).
-            let priorities = PriorityMappings { error: Priority::Error, warn: Priority::Warning, info: Priority::Informational, debug: Priority::Debug, trace: Priority::Debug };
-            let _ = registry.with(j.with_syslog_identifier("twinlease".into()).with_field_prefix(None).with_priority_mappings(priorities)).try_init();
+            let priorities = PriorityMappings {
+                error: Priority::Error,
+                warn: Priority::Warning,
+                info: Priority::Informational,
+                debug: Priority::Debug,
+                trace: Priority::Debug,
+            };
+            let _ = registry
+                .with(
+                    j.with_syslog_identifier("twinlease".into())
+                        .with_field_prefix(None)
+                        .with_priority_mappings(priorities),
+                )
+                .try_init();
         }
         None => {
-            let _ = registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false)).try_init();
+            let _ = registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(std::io::stderr)
+                        .with_ansi(std::io::stderr().is_terminal())
+                        .with_target(false),
+                )
+                .try_init();
         }
+    }
+    if let Some((text, error)) = bad_env {
+        tracing::warn!(rust_log = %text, %error, "RUST_LOG is not a valid filter; using the [log] filter (or info)");
+    }
+}
+
+type FilterHandle = tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>;
+
+/// Where a configuration reload puts a new `[log] filter`.
+static RELOAD: std::sync::OnceLock<FilterHandle> = std::sync::OnceLock::new();
+
+/// Replaces the running filter (a configuration reload). Ignored when RUST_LOG set it, or
+/// before `init`; the filter was checked when the file loaded.
+pub fn set_filter(text: &str) {
+    if let (Some(handle), Ok(filter)) = (RELOAD.get(), parse_filter(text)) {
+        match handle.reload(filter) {
+            Ok(()) => tracing::info!(filter = text, "log filter changed"),
+            Err(e) => tracing::warn!(error = %e, "cannot change the log filter"),
+        }
+    }
+}
+
+fn fallback_filter(config_filter: Option<&str>) -> EnvFilter {
+    config_filter.and_then(|f| parse_filter(f).ok()).unwrap_or_else(|| EnvFilter::new("info"))
+}
+
+/// Keeps a repeated warning readable under attack or a fault storm: at most `burst` lines per
+/// `window`; what is held back is counted and reported with the next line let through, so the
+/// log says how many happened without writing each one. Time is passed in.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    window: std::time::Duration,
+    burst: u32,
+    window_start: Option<std::time::Instant>,
+    let_through: u32,
+    held_back: u64,
+}
+
+impl Throttle {
+    pub const fn new(window: std::time::Duration, burst: u32) -> Throttle {
+        Throttle { window, burst, window_start: None, let_through: 0, held_back: 0 }
+    }
+
+    /// `Some(n)`: log this one, mentioning the `n` held back since the last line written.
+    /// `None`: count it and stay quiet.
+    pub fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        let fresh = self.window_start.is_none_or(|s| now.saturating_duration_since(s) >= self.window);
+        if fresh {
+            self.window_start = Some(now);
+            self.let_through = 0;
+        }
+        if self.let_through < self.burst {
+            self.let_through += 1;
+            return Some(std::mem::take(&mut self.held_back));
+        }
+        self.held_back += 1;
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Throttle;
+
+    #[test]
+    fn a_throttle_lets_a_burst_through_per_window_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let mut t = Throttle::new(Duration::from_secs(10), 3);
+        let got: Vec<Option<u64>> = (0..1000).map(|_| t.admit(t0)).collect();
+        assert_eq!(got.iter().filter(|g| g.is_some()).count(), 3);
+        assert_eq!(&got[..3], &[Some(0), Some(0), Some(0)]);
+        // The next window's first line reports the 997 held back.
+        assert_eq!(t.admit(t0 + Duration::from_secs(10)), Some(997));
+        assert_eq!(t.admit(t0 + Duration::from_secs(11)), Some(0));
     }
 }

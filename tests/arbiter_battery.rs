@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use twinlease::config::TlsMode;
-use twinlease::election::backend::{AnyBackend, Backend, InitOutcome, mysql::MyBackend, postgres::PgBackend, sqlite::LiteBackend};
-use twinlease::election::{ArbiterError, Beat, Claim, Election, Params, Uuid};
+use twinlease::election::backend::{
+    AnyBackend, Backend, InitOutcome, mysql::MyBackend, postgres::PgBackend, sqlite::LiteBackend,
+};
+use twinlease::election::{ArbiterError, Beat, Claim, Election, ElectionHooks, ElectionView, Params, Uuid};
 use twinlease::role::Role;
 
 const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
@@ -17,7 +19,12 @@ const MY_URL: &str = "mysql://root@127.0.0.1:3306/test";
 static N: AtomicU32 = AtomicU32::new(0);
 
 fn utype(tag: &str) -> String {
-    format!("test/{tag}/{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), Instant::now().elapsed().as_nanos() % 1000)
+    format!(
+        "test/{tag}/{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        Instant::now().elapsed().as_nanos() % 1000
+    )
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +52,13 @@ fn backend(k: Kind) -> AnyBackend {
 
 fn claim(utype: &str, t_ms: u64) -> Claim {
     let uuid = Uuid::new_v4();
-    Claim { utype: utype.into(), uuid, name: format!("node-{}", &uuid.to_string()[..8]), endpoint: "198.18.0.1".into(), timeout_ms: t_ms }
+    Claim {
+        utype: utype.into(),
+        uuid,
+        name: format!("node-{}", &uuid.to_string()[..8]),
+        endpoint: "198.18.0.1".into(),
+        timeout_ms: t_ms,
+    }
 }
 
 async fn ready(k: Kind, utype: &str, t_ms: u64) -> AnyBackend {
@@ -82,7 +95,15 @@ async fn insert_renew_and_reject(k: Kind) {
     let first = b.heartbeat(&a).await.unwrap();
     assert_eq!(applied_term(first), 1, "an absent row is inserted with term 1");
     let row = b.read(&u).await.unwrap().expect("row");
-    assert!(row.live && row.uuid == a.uuid && row.term == 1 && row.timeout_ms == 5000 && row.name == a.name && row.endpoint == a.endpoint, "{row:?}");
+    assert!(
+        row.live
+            && row.uuid == a.uuid
+            && row.term == 1
+            && row.timeout_ms == 5000
+            && row.name == a.name
+            && row.endpoint == a.endpoint,
+        "{row:?}"
+    );
     assert!((0..2000).contains(&row.age_ms), "age {}", row.age_ms);
     let Beat::Applied { ts_us: ts1, .. } = first else { unreachable!() };
     assert_eq!(row.ts_us, ts1, "the ts returned is the ts written");
@@ -181,7 +202,11 @@ async fn release_hands_over(k: Kind) {
     assert!(b.read(&u).await.unwrap().unwrap().live);
     assert!(b.release(&u, a.uuid).await.unwrap());
     assert!(!b.read(&u).await.unwrap().unwrap().live, "released means expired");
-    assert_eq!(applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()), 2, "the next box takes over at once, as a new term");
+    assert_eq!(
+        applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()),
+        2,
+        "the next box takes over at once, as a new term"
+    );
 }
 
 /// Rows idle for decades: no overflow in the age, and they can be taken over.
@@ -202,35 +227,53 @@ async fn age_row(k: Kind, utype: &str, years: i64) {
         Kind::Pg => {
             let (c, conn) = tokio_postgres::connect(PG_URL, tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(conn);
-            c.execute(&format!("UPDATE twinlease_heartbeat SET ts = ts - interval '{years} years' WHERE utype = $1"), &[&utype]).await.unwrap();
+            c.execute(
+                &format!("UPDATE twinlease_heartbeat SET ts = ts - interval '{years} years' WHERE utype = $1"),
+                &[&utype],
+            )
+            .await
+            .unwrap();
         }
         Kind::My => {
             use mysql_async::prelude::Queryable;
             let mut c = mysql_async::Conn::from_url(MY_URL).await.unwrap();
-            c.exec_drop(format!("UPDATE twinlease_heartbeat SET ts = ts - INTERVAL {years} YEAR WHERE utype = ?"), (utype,)).await.unwrap();
+            c.exec_drop(
+                format!("UPDATE twinlease_heartbeat SET ts = ts - INTERVAL {years} YEAR WHERE utype = ?"),
+                (utype,),
+            )
+            .await
+            .unwrap();
         }
         Kind::Lite => {
             let url = sqlite_url();
             let c = rusqlite::Connection::open(url.strip_prefix("sqlite://").unwrap()).unwrap();
             c.busy_timeout(Duration::from_secs(5)).unwrap();
-            c.execute("UPDATE twinlease_heartbeat SET ts = ts - ?2 WHERE utype = ?1", rusqlite::params![utype, years * 365 * 86_400_000_000i64 + 10 * 86_400_000_000]).unwrap();
+            c.execute(
+                "UPDATE twinlease_heartbeat SET ts = ts - ?2 WHERE utype = ?1",
+                rusqlite::params![utype, years * 365 * 86_400_000_000i64 + 10 * 86_400_000_000],
+            )
+            .unwrap();
         }
     }
 }
 
-/// Two real election drivers: one becomes active; when it stops, the other takes over within
-/// T + I (+ slack for the test machine); never both at once.
+/// Two real election drivers: one becomes active; when it becomes ineligible (its store cannot
+/// commit) it steps down at once and the other takes over within T + I (+ slack for the test
+/// machine); when that one stops, the first, eligible again, takes over. Never both at once.
 async fn two_drivers_fail_over(k: Kind) {
     let u = utype("drivers");
     let params = Params { interval: Duration::from_millis(100), timeout: Duration::from_millis(500) };
     ready(k, &u, 500).await;
     let (a_tx, a_rx) = tokio::sync::watch::channel(Role::Standby);
     let (b_tx, b_rx) = tokio::sync::watch::channel(Role::Standby);
-    let a = tokio::spawn(Election::new(backend(k), params, &u, "a", "198.18.0.1").run(a_tx, None));
-    let b = tokio::spawn(Election::new(backend(k), params, &u, "b", "198.18.0.2").run(b_tx, None));
+    let (a_ok, a_ok_rx) = tokio::sync::watch::channel(true);
+    let (b_ok, b_ok_rx) = tokio::sync::watch::channel(true);
+    let a = tokio::spawn(Election::new(backend(k), params, &u, "a", "198.18.0.1").run(hooks(a_tx, a_ok_rx)));
+    let b = tokio::spawn(Election::new(backend(k), params, &u, "b", "198.18.0.2").run(hooks(b_tx, b_ok_rx)));
+    let both = || (a_rx.borrow().is_active(), b_rx.borrow().is_active());
     let start = Instant::now();
     let first = loop {
-        let (ra, rb) = (a_rx.borrow().is_active(), b_rx.borrow().is_active());
+        let (ra, rb) = both();
         assert!(!(ra && rb), "both active");
         if ra || rb {
             break if ra { 'a' } else { 'b' };
@@ -244,16 +287,43 @@ async fn two_drivers_fail_over(k: Kind) {
         assert!(!(a_rx.borrow().is_active() && b_rx.borrow().is_active()), "both active");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let (dead, survivor) = if first == 'a' { (a, &b_rx) } else { (b, &a_rx) };
-    dead.abort();
+    let ((sick, sick_rx), (other, other_rx)) =
+        if first == 'a' { ((&a_ok, &a_rx), (b, &b_rx)) } else { ((&b_ok, &b_rx), (a, &a_rx)) };
+    sick.send_replace(false);
+    let stepped = Instant::now();
+    wait_active(other_rx, stepped, "after the active became ineligible", &both).await;
+    assert!(!sick_rx.borrow().is_active(), "an ineligible box stays standby");
+    assert_eq!(other_rx.borrow().term(), Some(2), "take-over is term 2");
+    eprintln!("{k:?}: take-over {:?} after the active became ineligible (T = 500 ms, I = 100 ms)", stepped.elapsed());
+
+    sick.send_replace(true);
+    other.abort();
     let died = Instant::now();
-    while !survivor.borrow().is_active() {
-        assert!(died.elapsed() < Duration::from_millis(500 + 100 + 700), "no take-over within T + I + slack");
+    wait_active(sick_rx, died, "after the new active stopped", &both).await;
+    assert_eq!(sick_rx.borrow().term(), Some(3), "eligible again, it takes over with term 3");
+    eprintln!("{k:?}: take-over {:?} after the active stopped", died.elapsed());
+}
+
+/// An election's hooks with only a role and an eligibility to watch.
+fn hooks(role: tokio::sync::watch::Sender<Role>, eligible: tokio::sync::watch::Receiver<bool>) -> ElectionHooks {
+    let (_, commands) = tokio::sync::mpsc::channel(1);
+    let (view, _) = tokio::sync::watch::channel(ElectionView::default());
+    ElectionHooks { role, eligible, commands, view, events: twinlease::events::Events::default() }
+}
+
+/// Waits for `rx` to be active within T + I + slack of `since`, checking for overlap.
+async fn wait_active(
+    rx: &tokio::sync::watch::Receiver<Role>,
+    since: Instant,
+    what: &str,
+    both: &impl Fn() -> (bool, bool),
+) {
+    while !rx.borrow().is_active() {
+        let (ra, rb) = both();
+        assert!(!(ra && rb), "both active");
+        assert!(since.elapsed() < Duration::from_millis(500 + 100 + 700), "no take-over within T + I + slack {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let took = died.elapsed();
-    assert!(survivor.borrow().term() == Some(2), "take-over is term 2: {:?}", *survivor.borrow());
-    eprintln!("{k:?}: take-over {took:?} after the active stopped (T = 500 ms, I = 100 ms)");
 }
 
 macro_rules! battery {
@@ -295,32 +365,60 @@ async fn postgres_tls_require_verifies_the_server_certificate() {
         eprintln!("SKIP: {SNAKEOIL} absent; the local PostgreSQL has no certificate to verify");
         return;
     }
-    let mut b = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Require, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    let mut b = PgBackend::new(
+        "postgres://root@localhost:5432/test",
+        None,
+        TlsMode::Require,
+        Some(std::path::Path::new(SNAKEOIL)),
+    )
+    .unwrap();
     assert!(b.is_encrypted().await.unwrap(), "the session must be encrypted");
     let u = utype("tls");
     b.init(&u, 5000).await.unwrap();
     assert_eq!(applied_term(b.heartbeat(&claim(&u, 5000)).await.unwrap()), 1);
 
     // Prefer also ends up encrypted; off does not.
-    let mut p = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Prefer, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    let mut p = PgBackend::new(
+        "postgres://root@localhost:5432/test",
+        None,
+        TlsMode::Prefer,
+        Some(std::path::Path::new(SNAKEOIL)),
+    )
+    .unwrap();
     assert!(p.is_encrypted().await.unwrap());
     let mut o = PgBackend::new(PG_URL, None, TlsMode::Off, None).unwrap();
     assert!(!o.is_encrypted().await.unwrap());
 
     // A certificate for another name, or an untrusted CA, is refused.
-    let mut wrong_name = PgBackend::new("postgres://root@127.0.0.1:5432/test", None, TlsMode::Require, Some(std::path::Path::new(SNAKEOIL))).unwrap();
+    let mut wrong_name = PgBackend::new(
+        "postgres://root@127.0.0.1:5432/test",
+        None,
+        TlsMode::Require,
+        Some(std::path::Path::new(SNAKEOIL)),
+    )
+    .unwrap();
     let e = wrong_name.read(&u).await.expect_err("127.0.0.1 is not in the certificate");
-    assert!(matches!(e, ArbiterError::Connect(_)), "{e}");
+    assert!(matches!(e, ArbiterError::Connect { .. }), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let other_ca = dir.path().join("other.pem");
-    std::fs::write(&other_ca, std::fs::read_to_string("/etc/ssl/certs/ISRG_Root_X1.pem").unwrap_or_else(|_| std::fs::read_to_string(first_system_ca()).unwrap())).unwrap();
-    let mut untrusted = PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Require, Some(&other_ca)).unwrap();
+    std::fs::write(
+        &other_ca,
+        std::fs::read_to_string("/etc/ssl/certs/ISRG_Root_X1.pem")
+            .unwrap_or_else(|_| std::fs::read_to_string(first_system_ca()).unwrap()),
+    )
+    .unwrap();
+    let mut untrusted =
+        PgBackend::new("postgres://root@localhost:5432/test", None, TlsMode::Require, Some(&other_ca)).unwrap();
     let e = untrusted.read(&u).await.expect_err("the snakeoil certificate is not signed by that CA");
     assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
 }
 
 fn first_system_ca() -> std::path::PathBuf {
-    std::fs::read_dir("/etc/ssl/certs").unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "pem") && !p.ends_with("ssl-cert-snakeoil.pem")).expect("a system CA")
+    std::fs::read_dir("/etc/ssl/certs")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pem") && !p.ends_with("ssl-cert-snakeoil.pem"))
+        .expect("a system CA")
 }
 
 #[tokio::test]
@@ -330,7 +428,7 @@ async fn mariadb_without_tls_is_refused_by_require_and_used_by_prefer() {
     let u = utype("mytls");
     let mut req = MyBackend::new(MY_URL, None, TlsMode::Require, None).unwrap();
     let e = req.read(&u).await.expect_err("require must not fall back to plain text");
-    assert!(matches!(e, ArbiterError::Connect(_)), "{e}");
+    assert!(matches!(e, ArbiterError::Connect { .. }), "{e}");
     let mut pre = MyBackend::new(MY_URL, None, TlsMode::Prefer, None).unwrap();
     pre.init(&u, 5000).await.unwrap();
     assert!(!pre.is_encrypted().await.unwrap());

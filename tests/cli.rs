@@ -43,8 +43,95 @@ fn version_and_help() {
 fn leases_without_a_database_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
-    std::fs::write(&cfg, common::config_text(dir.path(), "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n")).unwrap();
+    std::fs::write(
+        &cfg,
+        common::config_text(
+            dir.path(),
+            "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n",
+        ),
+    )
+    .unwrap();
     let out = Command::new(BIN).args(["leases", "--config"]).arg(&cfg).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no lease database"));
+}
+
+#[test]
+fn check_config_reads_the_peer_key_as_run_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("peer.key");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        common::config_text(
+            dir.path(),
+            &format!(
+                "[[subnet]]\ncidr = \"198.18.0.0/24\"\n[peer]\nlisten = \"198.18.1.1:6767\"\n\
+                 address = \"198.18.1.2:6767\"\nkey_file = \"{}\"\n",
+                key.display()
+            ),
+        ),
+    )
+    .unwrap();
+    let check = |extra: &[&str]| Command::new(BIN).arg("check-config").args(extra).arg(&cfg).output().unwrap();
+    let refused = |why: &str| {
+        let out = check(&[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{why}: {err}");
+        assert!(err.contains(&format!("{}:9:12: ", cfg.display())) && err.contains(why), "{err}");
+    };
+    refused("cannot read key_file");
+    let out = check(&["--skip-secret-files"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("secret files not read"));
+
+    std::fs::write(&key, "").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused("is empty");
+    std::fs::write(&key, "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    refused("has mode 0644; it must not be readable by group or others");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = check(&[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn check_config_refuses_a_huge_pool_by_arithmetic() {
+    let f = repo("config/invalid/pool-2-pow-30.toml");
+    let out = Command::new(BIN).arg("check-config").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the pools hold 1073741822 addresses"), "{err}");
+}
+
+#[test]
+fn leases_piped_into_head_ends_quietly() {
+    use twinlease::lease::{Binding, ClientKey, LeaseState, Transition};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let body = "[[subnet]]\ncidr = \"198.18.0.0/16\"\npools = [\"198.18.1.0-198.18.8.255\"]\n";
+    std::fs::write(&cfg, common::config_text(dir.path(), body)).unwrap();
+    // Enough rows that the output outgrows the pipe long after `head` has gone.
+    let (mut store, _) = twinlease::store::LeaseStore::open(&dir.path().join("state/leases.db"), 1).unwrap();
+    let rows: Vec<Transition> = (0..2000u32)
+        .map(|i| {
+            let mut b = Binding::fresh(std::net::Ipv4Addr::from(0xc612_0100 + i));
+            b.state = LeaseState::Leased;
+            b.owner = Some(ClientKey::from_hw(1, &[2, 0, 0, 0, (i >> 8) as u8, i as u8]));
+            b.expires = 4_000_000_000;
+            b.version = 1;
+            Transition { expect_version: 0, expect_owner: None, new: b }
+        })
+        .collect();
+    store.commit(&rows.iter().collect::<Vec<_>>()).unwrap();
+    drop(store);
+    let script = format!("{BIN} leases --config {} | head -1; echo \"status=${{PIPESTATUS[0]}}\"", cfg.display());
+    let out = Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("ADDRESS"), "{stdout}");
+    // Ended by SIGPIPE (128 + 13) or done before the pipe filled; never a panic (101) or abort (134).
+    assert!(stdout.contains("status=141") || stdout.contains("status=0"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -44,15 +44,30 @@ fn make_demo_fails_over_and_keeps_the_clients_address() {
     let text = std::fs::read_to_string(out.path()).unwrap();
     eprintln!("{text}");
     assert!(status.success(), "the demo failed ({status})");
-    for expected in ["same address kept", "catch-up with the partner complete", "gets its reservation", "stays standby", "the lab (processes, namespaces"] {
+    for expected in [
+        "same address kept",
+        "catch-up with the partner complete",
+        "gets its reservation",
+        "stays standby",
+        "the lab (processes, namespaces",
+    ] {
         assert!(text.contains(expected), "the demo's output lacks {expected:?}");
     }
     // "failover: box-X active N ms after the kill (T = 2000 ms; bound T + I + 1 s = 3500 ms)"
     let line = text.lines().find(|l| l.contains("failover: ")).expect("a failover line");
-    let ms: u64 = line.split(" active ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let ms: u64 = line
+        .split(" active ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
     assert!(ms <= 3500, "{line}");
     // Nothing left behind: the namespaces are named after the script's pid.
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let left: Vec<String> = String::from_utf8_lossy(&ns.stdout).lines().filter(|l| l.starts_with("tl-demo-") && l.split_whitespace().next().unwrap().ends_with(&format!("-{pid}"))).map(str::to_string).collect();
+    let left: Vec<String> = String::from_utf8_lossy(&ns.stdout)
+        .lines()
+        .filter(|l| l.starts_with("tl-demo-") && l.split_whitespace().next().unwrap().ends_with(&format!("-{pid}")))
+        .map(str::to_string)
+        .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }

@@ -4,40 +4,45 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 
 #[test]
 fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
-    let srv_ns = Netns::new("s");
-    let relay = Netns::new("r");
-    let (a, b) = (unique("a"), unique("b"));
-    run(Command::new("ip").args(["link", "add", &a, "netns", &srv_ns.name, "type", "veth", "peer", "name", &b, "netns", &relay.name]));
-    srv_ns.ip(&format!("addr add 198.18.4.1/22 dev {a}"));
-    srv_ns.ip(&format!("link set {a} up"));
-    relay.ip(&format!("addr add 198.18.4.2/22 dev {b}"));
-    relay.ip(&format!("link set {b} up"));
+    let lab = RelayLab::new("198.18.4", 22);
+    let (srv_ns, relay, b) = (&lab.srv, &lab.relay, &lab.relay_if);
     let dir = tempfile::tempdir().unwrap();
     let body = "[dhcp]\ninterfaces = []\nping_check = false\n[[subnet]]\ncidr = \"198.18.4.0/22\"\npools = [\"198.18.4.10-198.18.7.250\"]\n[log]\nfilter = \"warn\"\n";
     let cfg = config_text(dir.path(), body);
-    let mut srv = Server::start(&srv_ns, dir.path(), &cfg);
+    let mut srv = Server::start(srv_ns, dir.path(), &cfg);
 
     // Capture every reply the relay (perfdhcp) receives; tcpdump says when it is listening.
     let pcap = dir.path().join("replies.pcap");
-    let capture = Capture::start(&relay, &b, &pcap);
+    let capture = Capture::start(relay, b, &pcap);
 
     let macs = mac_file(dir.path(), 2000, 42);
-    let mut perf = relay.cmd("perfdhcp").args(["-4", "-l", "198.18.4.2", "-r", "400", "-n", "2000", "-M"]).arg(&macs).arg("198.18.4.1").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut perf = relay
+        .cmd("perfdhcp")
+        .args(["-4", "-l", "198.18.4.2", "-r", "400", "-n", "2000", "-M"])
+        .arg(&macs)
+        .arg("198.18.4.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
 
     // Kill the server once a good share of the run is committed.
     let config = srv.config.clone();
-    wait_for("600 leases in the store", Duration::from_secs(30), || (leases(&config).iter().filter(|r| r["state"] == "leased").count() >= 600).then_some(()));
+    wait_for("600 leases in the store", Duration::from_secs(30), || {
+        (leases(&config).iter().filter(|r| r["state"] == "leased").count() >= 600).then_some(())
+    });
     srv.kill9();
     let _ = perf.kill();
     let _ = perf.wait();
-    let acks: Vec<_> = capture.stop().into_iter().filter(|r| r.kind == 5).map(|r| (r.kind, r.chaddr, r.yiaddr)).collect();
+    let acks: Vec<_> =
+        capture.stop().into_iter().filter(|r| r.kind == 5).map(|r| (r.kind, r.chaddr, r.yiaddr)).collect();
     assert!(acks.len() >= 600, "captured only {} ACKs", acks.len());
     let mut by_addr: HashMap<String, String> = HashMap::new();
     for (_, mac, ip) in &acks {
@@ -46,7 +51,7 @@ fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
         }
     }
 
-    let srv = Server::start_with(&srv_ns, dir.path(), &srv.config.clone(), &[]);
+    let srv = Server::builder(srv_ns, dir.path()).config(&srv.config.clone()).start();
     let rows = srv.leases();
     let mut missing = Vec::new();
     for (ip, mac) in &by_addr {
@@ -55,6 +60,12 @@ fn kill_9_during_a_perfdhcp_run_loses_no_acked_lease() {
             other => missing.push(format!("{ip} ACKed to {mac}, store has {other:?}")),
         }
     }
-    assert!(missing.is_empty(), "{} of {} ACKed leases lost after kill -9:\n{}", missing.len(), by_addr.len(), missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "{} of {} ACKed leases lost after kill -9:\n{}",
+        missing.len(),
+        by_addr.len(),
+        missing.join("\n")
+    );
     eprintln!("kill -9 after {} ACKs on the wire: all {} in the store after restart", acks.len(), by_addr.len());
 }

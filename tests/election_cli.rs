@@ -9,7 +9,14 @@ use common::BIN;
 
 fn config(dir: &std::path::Path, arbiter: &str) -> std::path::PathBuf {
     let path = dir.join("c.toml");
-    std::fs::write(&path, common::config_text(dir, &format!("[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n{arbiter}"))).unwrap();
+    std::fs::write(
+        &path,
+        common::config_text(
+            dir,
+            &format!("[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n{arbiter}"),
+        ),
+    )
+    .unwrap();
     path
 }
 
@@ -20,14 +27,24 @@ fn commands_need_an_arbiter_section() {
     for args in [&["whois"][..], &["arbiter", "init"], &["arbiter", "schema"]] {
         let out = Command::new(BIN).args(args).arg("--config").arg(&cfg).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("no [arbiter] section"), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no [arbiter] section"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
 #[test]
 fn schema_init_and_whois_on_a_sqlite_arbiter() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), &format!("[arbiter]\nurl = \"sqlite://{}/arb.db\"\nutype = \"cli/dhcp\"\ninterval_ms = 200\ntimeout_ms = 1000\n", dir.path().display()));
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[arbiter]\nurl = \"sqlite://{}/arb.db\"\nutype = \"cli/dhcp\"\ninterval_ms = 200\ntimeout_ms = 1000\n",
+            dir.path().display()
+        ),
+    );
     let out = Command::new(BIN).args(["arbiter", "schema", "--config"]).arg(&cfg).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("CREATE TABLE IF NOT EXISTS twinlease_heartbeat"));
     for _ in 0..2 {

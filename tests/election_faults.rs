@@ -21,7 +21,8 @@ use common::*;
 fn env_ms(key: &str, default: u64) -> u64 {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
-static TIMERS: std::sync::LazyLock<(u64, u64)> = std::sync::LazyLock::new(|| (env_ms("TL_FAULT_I_MS", 500), env_ms("TL_FAULT_T_MS", 2000)));
+static TIMERS: std::sync::LazyLock<(u64, u64)> =
+    std::sync::LazyLock::new(|| (env_ms("TL_FAULT_I_MS", 500), env_ms("TL_FAULT_T_MS", 2000)));
 #[allow(non_snake_case)]
 fn I_MS() -> u64 {
     TIMERS.0
@@ -49,7 +50,15 @@ fn lab(n: usize) -> (ArbiterNet, Vec<Node>) {
         .map(|k| {
             let ns = Netns::new("n");
             let iface = net.attach(&ns, k as u8 + 2);
-            Node { name: format!("box{}", k + 1), ns, iface, dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: None }
+            Node {
+                name: format!("box{}", k + 1),
+                ns,
+                iface,
+                dir: tempfile::tempdir().unwrap(),
+                srv: None,
+                killed_at: None,
+                url: None,
+            }
         })
         .collect();
     (net, nodes)
@@ -77,7 +86,7 @@ impl Node {
     fn start(&mut self) {
         let cfg = self.config();
         let filter = "info,twinlease::election=debug";
-        self.srv = Some(Server::start_with(&self.ns, self.dir.path(), &cfg, &[("RUST_LOG", filter)]));
+        self.srv = Some(Server::builder(&self.ns, self.dir.path()).config(&cfg).env("RUST_LOG", filter).start());
     }
 
     fn kill9(&mut self) {
@@ -107,7 +116,10 @@ impl Node {
 /// Asserts that no two nodes were ever active at once; returns every interval by node.
 fn assert_no_overlap(nodes: &[Node]) -> Vec<(String, u64, u64, u64)> {
     let now = mono_ns();
-    let all = nodes.iter().flat_map(|n| intervals(&n.log(), n.killed_at, now).into_iter().map(|(s, e, t)| (n.name.clone(), s, e, t))).collect();
+    let all = nodes
+        .iter()
+        .flat_map(|n| intervals(&n.log(), n.killed_at, now).into_iter().map(|(s, e, t)| (n.name.clone(), s, e, t)))
+        .collect();
     assert_disjoint(all, &logs(nodes))
 }
 
@@ -118,7 +130,6 @@ fn logs(nodes: &[Node]) -> String {
 fn wait_active(nodes: &[Node], limit: Duration) -> usize {
     wait_for("a node to become active", limit, || nodes.iter().position(Node::logged_active))
 }
-
 
 fn start_pair() -> (ArbiterNet, Vec<Node>, usize) {
     let (arb, mut nodes) = lab(2);
@@ -145,7 +156,9 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     assert!(who.contains(&format!("primary {} at {}.branch.example", nodes[a].name, nodes[a].name)), "{who}");
     nodes[a].kill9();
     let died = nodes[a].killed_at.unwrap();
-    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || {
+        nodes[b].logged_active().then_some(())
+    });
     let took = promoted_at(&nodes[b].log()).unwrap() - died;
     eprintln!("TAKEOVER kill -9: {} ms after the active died (T = {} ms, I = {} ms)", took / 1_000_000, T_MS(), I_MS());
     assert!(took <= bound_ns(), "take-over took {} ms > T + I + 1 s\n{}", took / 1_000_000, logs(&nodes));
@@ -158,7 +171,11 @@ fn kill_9_of_the_active_fails_over_within_t_plus_i() {
     let old_log_len = nodes[a].log().len();
     nodes[a].start();
     std::thread::sleep(Duration::from_millis(4 * I_MS()));
-    assert!(!nodes[a].log()[old_log_len..].contains("role=\"active\""), "the restarted box took over:\n{}", logs(&nodes));
+    assert!(
+        !nodes[a].log()[old_log_len..].contains("role=\"active\""),
+        "the restarted box took over:\n{}",
+        logs(&nodes)
+    );
     nodes[a].killed_at = Some(died); // its earlier life ended at the kill
     assert_no_overlap(&nodes);
 }
@@ -173,7 +190,9 @@ fn a_clean_stop_hands_over_within_an_interval() {
     nodes[a].srv.as_mut().unwrap().stop();
     nodes[a].killed_at = Some(mono_ns()); // its process has ended by now
     assert!(nodes[a].log().contains("handed the arbiter row over"), "{}", nodes[a].log());
-    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || {
+        nodes[b].logged_active().then_some(())
+    });
     let took = promoted_at(&nodes[b].log()).unwrap() - stopping;
     eprintln!("TAKEOVER clean stop: {} ms after SIGTERM (I = {} ms)", took / 1_000_000, I_MS());
     assert!(took <= (I_MS() + 1000) * 1_000_000, "hand-over took {} ms", took / 1_000_000);
@@ -186,7 +205,9 @@ fn the_active_losing_its_link_stops_before_the_other_starts() {
     let b = 1 - a;
     let cut = mono_ns();
     nodes[a].link(false);
-    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || {
+        nodes[b].logged_active().then_some(())
+    });
     let took = promoted_at(&nodes[b].log()).unwrap() - cut;
     eprintln!("TAKEOVER link down: {} ms after the active's link went down", took / 1_000_000);
     assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);
@@ -208,11 +229,16 @@ fn writes_failing_then_the_link_going_keeps_one_active() {
     std::thread::sleep(Duration::from_millis(3 * I_MS()));
     nodes[a].link(false);
     arb.psql("GRANT INSERT, UPDATE ON twinlease_heartbeat TO twinlease;");
-    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the standby to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || {
+        nodes[b].logged_active().then_some(())
+    });
     let all = assert_no_overlap(&nodes);
     let first_end = all.iter().find(|x| x.0 == nodes[a].name).map(|x| x.2).unwrap();
     let second_start = all.iter().find(|x| x.0 == nodes[b].name).map(|x| x.1).unwrap();
-    eprintln!("GAP writes-failing: the old active stopped {} ms before the new one started", (second_start - first_end) / 1_000_000);
+    eprintln!(
+        "GAP writes-failing: the old active stopped {} ms before the new one started",
+        (second_start - first_end) / 1_000_000
+    );
     nodes[a].link(true);
 }
 
@@ -223,9 +249,16 @@ fn a_stalled_arbiter_silences_the_active_then_one_box_resumes() {
     let (arb, nodes, a) = start_pair();
     let stalled = mono_ns();
     arb.signal_all("STOP");
-    wait_for("the active to demote itself", Duration::from_millis(T_MS() + 2000), || (!nodes[a].logged_active()).then_some(()));
-    let demoted = nodes[a].log().lines().rfind(|l| l.contains("role=\"standby\"")).and_then(|l| field(l, "mono_ns")).unwrap();
-    eprintln!("STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)", (demoted - stalled) / 1_000_000, T_MS() - I_MS());
+    wait_for("the active to demote itself", Duration::from_millis(T_MS() + 2000), || {
+        (!nodes[a].logged_active()).then_some(())
+    });
+    let demoted =
+        nodes[a].log().lines().rfind(|l| l.contains("role=\"standby\"")).and_then(|l| field(l, "mono_ns")).unwrap();
+    eprintln!(
+        "STALL: the active stopped serving {} ms after the arbiter froze (T - I = {} ms)",
+        (demoted - stalled) / 1_000_000,
+        T_MS() - I_MS()
+    );
     assert!(demoted - stalled <= (T_MS() - I_MS() + 300) * 1_000_000);
     std::thread::sleep(Duration::from_millis(T_MS()));
     assert!(nodes.iter().all(|n| !n.logged_active()), "someone active while the arbiter is frozen:\n{}", logs(&nodes));
@@ -242,9 +275,12 @@ fn a_different_t_on_one_box_is_refused_at_start_up() {
     let b = 1 - a;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("other-t.toml");
-    let text = std::fs::read_to_string(nodes[b].config()).unwrap().replace(&format!("timeout_ms = {}", T_MS()), "timeout_ms = 9000");
+    let text = std::fs::read_to_string(nodes[b].config())
+        .unwrap()
+        .replace(&format!("timeout_ms = {}", T_MS()), "timeout_ms = 9000");
     std::fs::write(&cfg, text).unwrap();
-    let out = nodes[b].ns.cmd(BIN).args(["run", "--config"]).arg(&cfg).env("TWINLEASE_LOG_STDERR", "1").output().unwrap();
+    let out =
+        nodes[b].ns.cmd(BIN).args(["run", "--config"]).arg(&cfg).env("TWINLEASE_LOG_STDERR", "1").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("has T = {} ms but this box has timeout_ms = 9000", T_MS())), "{err}");
@@ -258,7 +294,15 @@ fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
     let shared = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/arbiter.db", shared.path().display());
     let mut nodes: Vec<Node> = (0..2)
-        .map(|k| Node { name: format!("demo{}", k + 1), ns: Netns::new("d"), iface: String::new(), dir: tempfile::tempdir().unwrap(), srv: None, killed_at: None, url: Some(url.clone()) })
+        .map(|k| Node {
+            name: format!("demo{}", k + 1),
+            ns: Netns::new("d"),
+            iface: String::new(),
+            dir: tempfile::tempdir().unwrap(),
+            srv: None,
+            killed_at: None,
+            url: Some(url.clone()),
+        })
         .collect();
     let init = nodes[0].cli(&["arbiter", "init"]);
     assert!(init.contains("arbiter ready"), "{init}");
@@ -270,7 +314,9 @@ fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
     assert!(!nodes[b].logged_active(), "both active:\n{}", logs(&nodes));
     nodes[a].kill9();
     let died = nodes[a].killed_at.unwrap();
-    wait_for("the other process to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || nodes[b].logged_active().then_some(()));
+    wait_for("the other process to take over", Duration::from_millis(T_MS() + I_MS() + 5000), || {
+        nodes[b].logged_active().then_some(())
+    });
     let took = promoted_at(&nodes[b].log()).unwrap() - died;
     eprintln!("TAKEOVER sqlite kill -9: {} ms", took / 1_000_000);
     assert!(took <= bound_ns(), "take-over took {} ms", took / 1_000_000);

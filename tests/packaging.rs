@@ -16,7 +16,13 @@ fn repo() -> &'static Path {
 
 /// `make -s install VARS... BIN=<the test build>` from the repository.
 fn make_install(vars: &[String]) -> Output {
-    run(Command::new("make").current_dir(repo()).args(["-s", "--no-print-directory", "install"]).args(vars).arg(format!("BIN={BIN}")).env_remove("MAKEFLAGS").env_remove("MFLAGS"))
+    run(Command::new("make")
+        .current_dir(repo())
+        .args(["-s", "--no-print-directory", "install"])
+        .args(vars)
+        .arg(format!("BIN={BIN}"))
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS"))
 }
 
 fn text(o: &Output) -> String {
@@ -29,9 +35,16 @@ fn mode(p: &Path) -> u32 {
 
 /// The units in the repository's systemd/ directory.
 fn repo_units() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(repo().join("systemd")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| n.ends_with(".service")).collect();
+    let mut v: Vec<String> = std::fs::read_dir(repo().join("systemd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".service"))
+        .collect();
     v.sort();
-    assert!(v.contains(&"twinlease.service".to_string()) && v.contains(&"twinlease-console@.service".to_string()), "{v:?}");
+    assert!(
+        v.contains(&"twinlease.service".to_string()) && v.contains(&"twinlease-console@.service".to_string()),
+        "{v:?}"
+    );
     v
 }
 
@@ -49,7 +62,10 @@ fn every_unit_passes_systemd_analyze_verify() {
     for u in repo_units() {
         let path = units.join(&u);
         let installed = std::fs::read_to_string(&path).unwrap();
-        assert!(installed.contains(&format!("{}/usr/bin/twinlease ", dir.path().display())), "PREFIX not applied to {u}");
+        assert!(
+            installed.contains(&format!("{}/usr/bin/twinlease ", dir.path().display())),
+            "PREFIX not applied to {u}"
+        );
         let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().unwrap();
         let said = text(&out);
         // Complaints about the host's own units are not ours; any line naming ours is.
@@ -65,10 +81,20 @@ fn service_exposure_score_is_ok() {
     let units = install_under_prefix(dir.path());
     let mut report = Vec::new();
     for u in repo_units() {
-        let out = run(Command::new("systemd-analyze").args(["security", "--offline=yes", "--no-pager"]).arg(units.join(&u)));
+        let out =
+            run(Command::new("systemd-analyze").args(["security", "--offline=yes", "--no-pager"]).arg(units.join(&u)));
         let said = text(&out);
-        let line = said.lines().find(|l| l.contains("Overall exposure level")).unwrap_or_else(|| panic!("no score for {u}:\n{said}")).to_string();
-        let score: f64 = line.split(':').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("cannot read {line:?}"));
+        let line = said
+            .lines()
+            .find(|l| l.contains("Overall exposure level"))
+            .unwrap_or_else(|| panic!("no score for {u}:\n{said}"))
+            .to_string();
+        let score: f64 = line
+            .split(':')
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("cannot read {line:?}"));
         report.push((u.clone(), score, line.split(':').nth(1).unwrap().trim().to_string()));
         if u == "twinlease.service" {
             assert!(score <= 2.5, "twinlease.service exposure {score} > 2.5 (target: OK):\n{said}");
@@ -99,24 +125,34 @@ fn install_lays_down_a_tree_an_image_recipe_uses() {
         assert_eq!(mode(&root.join(p)), m, "{p}");
     }
     let unit = std::fs::read_to_string(root.join("usr/lib/systemd/system/twinlease.service")).unwrap();
-    assert!(unit.contains("ExecStart=/usr/bin/twinlease run --config /etc/twinlease/twinlease.toml"), "DESTDIR must not leak into the units:\n{unit}");
+    assert!(
+        unit.contains("ExecStart=/usr/bin/twinlease run --config /etc/twinlease/twinlease.toml"),
+        "DESTDIR must not leak into the units:\n{unit}"
+    );
     assert!(!unit.contains(&root.display().to_string()));
 
     // The default configuration is the commented example, and it is valid.
     let cfg = root.join("etc/twinlease/twinlease.toml");
-    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), std::fs::read_to_string(repo().join("config/twinlease.example.toml")).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&cfg).unwrap(),
+        std::fs::read_to_string(repo().join("config/twinlease.example.toml")).unwrap()
+    );
     run(Command::new(root.join("usr/bin/twinlease")).arg("check-config").arg(&cfg));
 
     // What an image recipe does next: user, directories, enablement, offline.
     let out = run(Command::new(repo().join("image/apply.sh")).arg(&root));
     let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
-    let user = passwd.lines().find(|l| l.starts_with("twinlease:")).unwrap_or_else(|| panic!("no twinlease user:\n{passwd}\n{}", text(&out)));
+    let user = passwd
+        .lines()
+        .find(|l| l.starts_with("twinlease:"))
+        .unwrap_or_else(|| panic!("no twinlease user:\n{passwd}\n{}", text(&out)));
     let uid: u32 = user.split(':').nth(2).unwrap().parse().unwrap();
     assert!(user.ends_with(":/var/lib/twinlease:/usr/sbin/nologin"), "{user}");
     let state = std::fs::metadata(root.join("var/lib/twinlease")).unwrap();
     assert_eq!((state.uid(), state.permissions().mode() & 0o7777), (uid, 0o750));
     let group = std::fs::read_to_string(root.join("etc/group")).unwrap();
-    let gid: u32 = group.lines().find(|l| l.starts_with("twinlease:")).unwrap().split(':').nth(2).unwrap().parse().unwrap();
+    let gid: u32 =
+        group.lines().find(|l| l.starts_with("twinlease:")).unwrap().split(':').nth(2).unwrap().parse().unwrap();
     assert_eq!(std::fs::metadata(&cfg).unwrap().gid(), gid, "tmpfiles gives the config to the service group");
     let wants = root.join("etc/systemd/system/multi-user.target.wants/twinlease.service");
     assert_eq!(std::fs::read_link(&wants).unwrap(), Path::new("/usr/lib/systemd/system/twinlease.service"));

@@ -20,8 +20,8 @@ fn free_port() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-fn cfg(node: &str, listen: SocketAddr, peer: SocketAddr, key: &[u8]) -> LinkConfig {
-    LinkConfig { node: node.into(), listen, peer, key: Arc::new(key.to_vec()) }
+fn cfg(node: &str, listen: SocketAddr, partner: SocketAddr, key: &[u8]) -> LinkConfig {
+    LinkConfig { node: node.into(), listen, partner, key: Arc::new(key.to_vec()) }
 }
 
 async fn next_up(ev: &mut UnboundedReceiver<LinkEvent>, limit: Duration) -> Option<u64> {
@@ -46,7 +46,13 @@ async fn drain(ev: &mut UnboundedReceiver<LinkEvent>, limit: Duration) -> Vec<Li
 }
 
 fn hello() -> Message {
-    Message::Hello { node: "x".into(), store_id: 7, catch_up: CatchUpRequest::Unsynced, term: None }
+    Message::Hello {
+        node: "x".into(),
+        store_id: 7,
+        catch_up: CatchUpRequest::Unsynced,
+        term: None,
+        config_digest: [0; 32],
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,8 +71,14 @@ async fn two_boxes_keep_one_connection_and_exchange_messages() {
     let got_b = drain(&mut eb, Duration::from_millis(500)).await;
     let got_a = drain(&mut ea, Duration::from_millis(300)).await;
     assert!(got_b.iter().any(|e| matches!(e, LinkEvent::Message { msg, .. } if *msg == hello())), "{got_b:?}");
-    assert!(got_a.iter().any(|e| matches!(e, LinkEvent::Message { msg: Message::Heartbeat { sent_ms: 1 }, .. })), "{got_a:?}");
-    assert!(!got_a.iter().chain(&got_b).any(|e| matches!(e, LinkEvent::Down { .. })), "the kept connection must stay up");
+    assert!(
+        got_a.iter().any(|e| matches!(e, LinkEvent::Message { msg: Message::Heartbeat { sent_ms: 1 }, .. })),
+        "{got_a:?}"
+    );
+    assert!(
+        !got_a.iter().chain(&got_b).any(|e| matches!(e, LinkEvent::Down { .. })),
+        "the kept connection must stay up"
+    );
     assert_eq!(ha.stats.rejected.load(Ordering::Relaxed) + hb.stats.rejected.load(Ordering::Relaxed), 0);
 }
 
@@ -165,7 +177,10 @@ async fn a_replayed_session_is_rejected() {
     s.write_all(&recording).await.unwrap();
     wait_rejected(&hb, before + 1).await;
     let seen = drain(&mut eb, Duration::from_millis(300)).await;
-    assert!(!seen.iter().any(|e| matches!(e, LinkEvent::Message { .. } | LinkEvent::Up { .. })), "a replayed session got through: {seen:?}");
+    assert!(
+        !seen.iter().any(|e| matches!(e, LinkEvent::Message { .. } | LinkEvent::Up { .. })),
+        "a replayed session got through: {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,9 +209,9 @@ async fn a_tampered_frame_drops_the_link_and_it_comes_back() {
                         if k == 0 {
                             break;
                         }
-                        // Handshake (66 bytes) and confirmation (44) pass; the next data is hit.
-                        if !done && seen + k > 110 {
-                            let at = 110usize.saturating_sub(seen) + 20;
+                        // Handshake (67 bytes) and confirmation (44) pass; the next data is hit.
+                        if !done && seen + k > 111 {
+                            let at = 111usize.saturating_sub(seen) + 20;
                             if at < k {
                                 buf[at] ^= 0x40;
                                 done = true;
@@ -224,5 +239,67 @@ async fn a_tampered_frame_drops_the_link_and_it_comes_back() {
     assert!(sa2 > sa && sb2 > 1);
     ha.send(sa2, hello());
     let got = drain(&mut eb, Duration::from_millis(500)).await;
-    assert!(got.iter().any(|e| matches!(e, LinkEvent::Message { session, msg } if *session == sb2 && *msg == hello())), "{got:?}");
+    assert!(
+        got.iter().any(|e| matches!(e, LinkEvent::Message { session, msg } if *session == sb2 && *msg == hello())),
+        "{got:?}"
+    );
+}
+
+/// Copies bytes both ways between two streams until either side closes or `limit` passes.
+async fn splice(mut x: TcpStream, mut y: TcpStream, limit: Duration) {
+    let _ = tokio::time::timeout(limit, tokio::io::copy_bidirectional(&mut x, &mut y)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_between_the_two_listeners_gets_no_session_and_leaves_the_link_alone() {
+    let (pa, pb) = (free_port(), free_port());
+    let (ha, mut ea) = link::spawn(cfg("box-a", pa, pb, KEY));
+    let (hb, mut eb) = link::spawn(cfg("box-b", pb, pa, KEY));
+    next_up(&mut ea, Duration::from_secs(5)).await.expect("a up");
+    next_up(&mut eb, Duration::from_secs(5)).await.expect("b up");
+    // Let a simultaneous dial settle on its one connection first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = (drain(&mut ea, Duration::from_millis(50)).await, drain(&mut eb, Duration::from_millis(50)).await);
+    let rejected = |h: &LinkHandle| h.stats.rejected.load(Ordering::Relaxed);
+    let sessions = |h: &LinkHandle| h.stats.sessions.load(Ordering::Relaxed);
+    let before = (rejected(&ha), rejected(&hb));
+    let sessions_before = (sessions(&ha), sessions(&hb));
+    // An attacker at the partner's own address (here: loopback) connects to both listeners and
+    // relays each one's handshake to the other: both claim to be the acceptor, so neither
+    // gets a session, however often it is tried.
+    for _ in 0..20 {
+        let (x, y) = (TcpStream::connect(pa).await.unwrap(), TcpStream::connect(pb).await.unwrap());
+        splice(x, y, Duration::from_millis(300)).await;
+    }
+    wait_rejected(&ha, before.0 + 20).await;
+    wait_rejected(&hb, before.1 + 20).await;
+    for ev in [&mut ea, &mut eb] {
+        let seen = drain(ev, Duration::from_millis(200)).await;
+        assert!(seen.is_empty(), "the relay reached the link's user (a flap or a message): {seen:?}");
+    }
+    assert_eq!((sessions(&ha), sessions(&hb)), sessions_before, "no session was made or replaced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_lock_the_partner_out() {
+    let (pb, hb, mut eb) = listener_only("box-b");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Idle connections from the partner's address, opened faster than a handshake times out,
+    // for the whole time the real partner needs to come up (bounded: 3 s, 300 connections).
+    let flood = tokio::spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..300 {
+            if let Ok(s) = TcpStream::connect(pb).await {
+                held.push(s);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_ha, mut ea) = link::spawn(cfg("box-a", free_port(), pb, KEY));
+    next_up(&mut ea, Duration::from_secs(3)).await.expect("the partner got a handshake slot during the flood");
+    next_up(&mut eb, Duration::from_secs(1)).await.expect("b up");
+    assert!(hb.stats.rejected.load(Ordering::Relaxed) > 0, "the flood took slots that were taken back");
+    drop(flood.await.unwrap());
 }

@@ -27,8 +27,11 @@ fn dhclient_dora_renew_rebind_release() {
     let mut lan = Lan::new(LAN);
     let c = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = false", "lease_secs = 60\nrenew_secs = 2\nrebind_secs = 5"));
-    let srv = Server::start(&lan.srv, dir.path(), &cfg);
+    let cfg = config_text(
+        dir.path(),
+        &body(&lan.bridge, "ping_check = false", "lease_secs = 60\nrenew_secs = 2\nrebind_secs = 5"),
+    );
+    let srv = Server::start(&lan.ns, dir.path(), &cfg);
     let (ns, iface) = lan.client(c);
     let (mut client, ev) = dhclient(ns, iface, dir.path(), &[]);
 
@@ -46,12 +49,14 @@ fn dhclient_dora_renew_rebind_release() {
     // T1 = 2 s: dhclient renews by unicast and the lease is extended.
     let renew = wait_event(&ev, &["RENEW"], 0, Duration::from_secs(15));
     assert_eq!(renew.ip, bound.ip);
-    let after = wait_for("the renewal in the store", Duration::from_secs(5), || lease_of(&srv.leases(), &bound.ip).filter(|l| l["version"].as_u64() > first["version"].as_u64()).cloned());
+    let after = wait_for("the renewal in the store", Duration::from_secs(5), || {
+        lease_of(&srv.leases(), &bound.ip).filter(|l| l["version"].as_u64() > first["version"].as_u64()).cloned()
+    });
     assert!(after["expires"].as_u64() >= first["expires"].as_u64());
 
     // The server stops hearing unicast: renewals vanish, and past T2 the client rebinds by
     // broadcast (dhclient 4.4 still calls the result RENEW, so the wire tells: its log).
-    lan.srv.sh(&format!("nft add table ip tl; nft add chain ip tl in '{{ type filter hook input priority 0; }}'; nft add rule ip tl in ip daddr {} udp dport 67 drop", lan.server_ip));
+    lan.ns.sh(&format!("nft add table ip tl; nft add chain ip tl in '{{ type filter hook input priority 0; }}'; nft add rule ip tl in ip daddr {} udp dport 67 drop", lan.server_ip));
     let log = dir.path().join(format!("dhclient-{iface}.log"));
     let cut = std::fs::read_to_string(&log).unwrap().len();
     wait_for("a broadcast REQUEST answered after unicast was cut", Duration::from_secs(20), || {
@@ -60,13 +65,15 @@ fn dhclient_dora_renew_rebind_release() {
         tail[b..].contains(&format!("DHCPACK of {}", bound.ip)).then_some(())
     });
     assert_eq!(lease_of(&srv.leases(), &bound.ip).unwrap()["state"], "leased", "rebinding keeps the address");
-    lan.srv.sh("nft delete table ip tl");
+    lan.ns.sh("nft delete table ip tl");
 
     // Release: the address goes back to the queue, remembered for this client.
     let _ = client.kill();
     let _ = client.wait();
     dhclient_release(ns, iface, dir.path());
-    let freed = wait_for("the release in the store", Duration::from_secs(5), || lease_of(&srv.leases(), &bound.ip).filter(|l| l["state"] == "free").cloned());
+    let freed = wait_for("the release in the store", Duration::from_secs(5), || {
+        lease_of(&srv.leases(), &bound.ip).filter(|l| l["state"] == "free").cloned()
+    });
     assert_eq!(freed["client"], first["client"], "the previous owner is kept for affinity");
 }
 
@@ -76,7 +83,7 @@ fn udhcpc_and_dhcpcd_get_distinct_leases_with_options() {
     let a = lan.add_client();
     let b = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "", "")));
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "", "")));
     let (ns, iface) = lan.client(a);
     let (out, ev) = udhcpc_once(ns, iface, dir.path(), &[]);
     assert!(out.status.success(), "udhcpc: {}", String::from_utf8_lossy(&out.stderr));
@@ -104,7 +111,7 @@ fn inform_gets_configuration_without_a_lease() {
     let mut lan = Lan::new(LAN);
     let c = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "", "")));
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "", "")));
     let (ns, iface) = lan.client(c);
     ns.ip(&format!("addr add 198.18.0.77/24 dev {iface}"));
     let (out, ev) = dhcpcd_once(ns, iface, dir.path(), &["--inform", "198.18.0.77/24"]);
@@ -122,7 +129,11 @@ fn ping_check_skips_an_address_in_use() {
     let (sq, sq_if) = lan.client(squatter);
     sq.ip(&format!("addr add 198.18.0.100/24 dev {sq_if}")); // the queue head, without a lease
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "ping_check = true\nping_timeout_ms = 300", "")));
+    let srv = Server::start(
+        &lan.ns,
+        dir.path(),
+        &config_text(dir.path(), &body(&lan.bridge, "ping_check = true\nping_timeout_ms = 300", "")),
+    );
     let (ns, iface) = lan.client(c);
     let (out, ev) = udhcpc_once(ns, iface, dir.path(), &[]);
     assert!(out.status.success());
@@ -142,7 +153,11 @@ fn decline_puts_the_address_on_probation() {
     sq.ip(&format!("addr add 198.18.0.100/24 dev {sq_if}"));
     let dir = tempfile::tempdir().unwrap();
     // No ping check: the client's own ARP probe finds the conflict and declines.
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "ping_check = false\ndecline_probation_secs = 900", "")));
+    let srv = Server::start(
+        &lan.ns,
+        dir.path(),
+        &config_text(dir.path(), &body(&lan.bridge, "ping_check = false\ndecline_probation_secs = 900", "")),
+    );
     let (ns, iface) = lan.client(c);
     let (out, ev) = dhcpcd_once(ns, iface, dir.path(), &["-t", "40"]);
     assert!(out.status.success(), "dhcpcd: {}", String::from_utf8_lossy(&out.stderr));
@@ -169,7 +184,7 @@ fn reservation_by_mac_and_alias_hold_off() {
     lan.set_mac(m1, "02:00:00:00:aa:01");
     lan.set_mac(m2, "02:00:00:00:aa:02");
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &reservation_body(&lan.bridge, "hold-off")));
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &reservation_body(&lan.bridge, "hold-off")));
     let (ns1, if1) = lan.client(m1);
     let (mut c1, ev1) = dhclient(ns1, if1, dir.path(), &[]);
     let b1 = wait_event(&ev1, &["BOUND"], 0, Duration::from_secs(20));
@@ -200,7 +215,7 @@ fn alias_take_over_moves_the_address() {
     lan.set_mac(m1, "02:00:00:00:aa:01");
     lan.set_mac(m2, "02:00:00:00:aa:02");
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &reservation_body(&lan.bridge, "take-over")));
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &reservation_body(&lan.bridge, "take-over")));
     let (ns1, if1) = lan.client(m1);
     let (out, _) = udhcpc_once(ns1, if1, dir.path(), &[]);
     assert!(out.status.success());
@@ -221,7 +236,7 @@ fn pool_exhaustion_means_no_offer() {
         "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.101\"]\n",
         lan.bridge
     );
-    let srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body));
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
     for &c in &clients[..2] {
         let (ns, iface) = lan.client(c);
         assert!(udhcpc_once(ns, iface, dir.path(), &[]).0.status.success());
@@ -238,14 +253,17 @@ fn restart_keeps_every_lease_and_renewals_keep_the_address() {
     let mut lan = Lan::new(LAN);
     let c = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = false", "lease_secs = 60\nrenew_secs = 3\nrebind_secs = 50"));
-    let mut srv = Server::start(&lan.srv, dir.path(), &cfg);
+    let cfg = config_text(
+        dir.path(),
+        &body(&lan.bridge, "ping_check = false", "lease_secs = 60\nrenew_secs = 3\nrebind_secs = 50"),
+    );
+    let mut srv = Server::start(&lan.ns, dir.path(), &cfg);
     let (ns, iface) = lan.client(c);
     let (_client, ev) = dhclient(ns, iface, dir.path(), &[]);
     let bound = wait_event(&ev, &["BOUND"], 0, Duration::from_secs(20));
     let before = events(&ev).len();
     srv.stop();
-    let srv = Server::start(&lan.srv, dir.path(), &cfg);
+    let srv = Server::start(&lan.ns, dir.path(), &cfg);
     assert_eq!(lease_of(&srv.leases(), &bound.ip).unwrap()["state"], "leased");
     let renew = wait_event(&ev, &["RENEW"], before, Duration::from_secs(20));
     assert_eq!(renew.ip, bound.ip, "same address after the restart");
@@ -254,20 +272,17 @@ fn restart_keeps_every_lease_and_renewals_keep_the_address() {
 #[test]
 fn relayed_clients_from_perfdhcp_all_get_leases() {
     // perfdhcp acts as a relay agent: giaddr = its own address selects the subnet.
-    let srv_ns = Netns::new("s");
-    let relay = Netns::new("r");
-    let a = unique("a");
-    let b = unique("b");
-    run(std::process::Command::new("ip").args(["link", "add", &a, "netns", &srv_ns.name, "type", "veth", "peer", "name", &b, "netns", &relay.name]));
-    srv_ns.ip(&format!("addr add 198.18.2.1/24 dev {a}"));
-    srv_ns.ip(&format!("link set {a} up"));
-    relay.ip(&format!("addr add 198.18.2.2/24 dev {b}"));
-    relay.ip(&format!("link set {b} up"));
+    let lab = RelayLab::new("198.18.2", 24);
+    let (srv_ns, relay) = (&lab.srv, &lab.relay);
     let dir = tempfile::tempdir().unwrap();
     let body = "[dhcp]\ninterfaces = []\nlisten_relayed = true\nping_check = false\n[[subnet]]\ncidr = \"198.18.2.0/24\"\npools = [\"198.18.2.10-198.18.2.250\"]\n";
-    let srv = Server::start(&srv_ns, dir.path(), &config_text(dir.path(), body));
+    let srv = Server::start(srv_ns, dir.path(), &config_text(dir.path(), body));
     let macs = mac_file(dir.path(), 200, 7);
-    let out = run(relay.cmd("perfdhcp").args(["-4", "-l", "198.18.2.2", "-r", "100", "-n", "200", "-W", "1000000", "-M"]).arg(&macs).arg("198.18.2.1"));
+    let out = run(relay
+        .cmd("perfdhcp")
+        .args(["-4", "-l", "198.18.2.2", "-r", "100", "-n", "200", "-W", "1000000", "-M"])
+        .arg(&macs)
+        .arg("198.18.2.1"));
     let p = parse_perfdhcp(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(p.acks, p.requests_sent, "every REQUEST was ACKed:\n{}", p.text);
     assert!(p.acks >= 190, "{}", p.text);
@@ -289,7 +304,8 @@ fn garbage_on_port_67_is_dropped_and_service_continues() {
     let noisy = lan.add_client();
     let c = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
-    let mut srv = Server::start(&lan.srv, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "ping_check = false", "")));
+    let mut srv =
+        Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body(&lan.bridge, "ping_check = false", "")));
     let (ns, iface) = lan.client(noisy);
     ns.ip(&format!("addr add 198.18.0.66/24 dev {iface}"));
     // Random bytes, truncated headers, a BOOTREPLY, bogus option lengths, oversized datagrams:

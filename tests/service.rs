@@ -9,8 +9,8 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -23,106 +23,6 @@ fn body(iface: &str, dhcp_extra: &str) -> String {
          [[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.150\"]\n\
          routers = [\"198.18.0.1\"]\ndns_servers = [\"198.18.0.1\"]\n"
     )
-}
-
-/// The daemon under a test-owned NOTIFY_SOCKET; every notification is kept with its arrival
-/// time. Killed on drop.
-struct Daemon {
-    child: Child,
-    notify: UnixDatagram,
-    log: PathBuf,
-    /// (arrival, message) for everything received so far.
-    got: Vec<(Instant, String)>,
-}
-
-impl Daemon {
-    /// Runs `prefix... BIN run --config CONFIG` in `ns` (the prefix may drop privileges or
-    /// change mounts; it must exec, so the child's pid is the daemon's).
-    fn spawn(ns: &Netns, dir: &Path, config: &str, prefix: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let cfg = dir.join("twinlease.toml");
-        std::fs::write(&cfg, config).unwrap();
-        let sock = dir.join(format!("notify-{}.sock", unique("")));
-        let notify = UnixDatagram::bind(&sock).unwrap();
-        // The daemon may run as another user: it needs write permission on the socket.
-        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
-        notify.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let log = dir.join("server.log");
-        let logf = std::fs::File::create(&log).unwrap();
-        let mut cmd = match prefix.split_first() {
-            Some((first, rest)) => {
-                let mut c = ns.cmd(first);
-                c.args(rest).arg(BIN);
-                c
-            }
-            None => ns.cmd(BIN),
-        };
-        cmd.args(["run", "--config"]).arg(&cfg).env("NOTIFY_SOCKET", &sock).env("RUST_LOG", "info").env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID").stdout(Stdio::null()).stderr(logf);
-        if !env.iter().any(|(k, _)| *k == "TWINLEASE_LOG_STDERR") {
-            cmd.env("TWINLEASE_LOG_STDERR", "1");
-        }
-        for (k, v) in env {
-            // An empty value removes the variable.
-            if v.is_empty() {
-                cmd.env_remove(k);
-            } else {
-                cmd.env(k, v);
-            }
-        }
-        Daemon { child: cmd.spawn().unwrap(), notify, log, got: Vec::new() }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Receives notifications until `deadline` or until `stop` says so (checked on each one).
-    fn collect_until(&mut self, deadline: Instant, mut stop: impl FnMut(&str) -> bool) -> bool {
-        let mut buf = [0u8; 4096];
-        while Instant::now() < deadline {
-            if let Ok(n) = self.notify.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
-                self.got.push((Instant::now(), msg.clone()));
-                if stop(&msg) {
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    fn wait_ready(&mut self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut buf = [0u8; 4096];
-        loop {
-            if let Ok(n) = self.notify.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
-                self.got.push((Instant::now(), msg.clone()));
-                if msg.lines().any(|l| l == "READY=1") {
-                    return;
-                }
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("twinlease exited ({st}) before READY=1:\n{}", self.log_text());
-            }
-            assert!(Instant::now() < deadline, "no READY=1 within {limit:?}:\n{}", self.log_text());
-        }
-    }
-
-    /// Arrival times of WATCHDOG=1 pings at or after `from`.
-    fn pings_since(&self, from: Instant) -> Vec<Instant> {
-        self.got.iter().filter(|(t, m)| *t >= from && m.lines().any(|l| l == "WATCHDOG=1")).map(|(t, _)| *t).collect()
-    }
-
-    fn signal(&self, sig: &str) {
-        run(Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()));
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn gaps(ts: &[Instant]) -> Vec<Duration> {
@@ -144,15 +44,18 @@ const PING_PERIOD: Duration = Duration::from_secs(1);
 
 /// Starts a daemon with WatchdogSec=2s on a fresh LAN; asserts READY=1 came with the DHCP
 /// socket bound and the store open, and that WATCHDOG=1 arrives every second.
-fn started_with_watchdog(lan: &Lan, dir: &Path) -> Daemon {
+fn started_with_watchdog(lan: &Lan, dir: &Path) -> Server {
     let cfg = config_text(dir, &body(&lan.bridge, "ping_check = false"));
-    let mut d = Daemon::spawn(&lan.srv, dir, &cfg, &[], &[("WATCHDOG_USEC", WATCHDOG_USEC)]);
-    d.wait_ready(Duration::from_secs(20));
+    let mut d = Server::builder(&lan.ns, dir).config_text(&cfg).watchdog(WATCHDOG_USEC).spawn();
+    d.wait_notify("READY=1", Duration::from_secs(20));
 
     // READY=1 is sent after the bind: at the moment it arrives the socket is already there,
     // bound to the served interface and owned by twinlease, and the lease store exists.
-    let bound = port_67(&lan.srv);
-    assert!(bound.contains(&format!("%{}:67", lan.bridge)) && bound.contains("twinlease"), "READY=1 before the DHCP socket was bound:\n{bound}");
+    let bound = port_67(&lan.ns);
+    assert!(
+        bound.contains(&format!("%{}:67", lan.bridge)) && bound.contains("twinlease"),
+        "READY=1 before the DHCP socket was bound:\n{bound}"
+    );
     assert!(dir.join("state").join("leases.db").exists(), "READY=1 before the lease store was opened");
     let ready = &d.got.last().unwrap().1;
     assert!(ready.contains("STATUS=active (term 0), 0 leases"), "{ready}");
@@ -165,27 +68,49 @@ fn started_with_watchdog(lan: &Lan, dir: &Path) -> Daemon {
     eprintln!("watchdog pings over 6.5 s: {}; gaps {:?}", pings.len(), g);
     assert!((5..=9).contains(&pings.len()), "expected about 6 pings in 6.5 s at 1 s, got {}: {g:?}", pings.len());
     let m = median(g.clone());
-    assert!(m >= PING_PERIOD * 7 / 10 && m <= PING_PERIOD * 14 / 10, "median ping gap {m:?}, expected about {PING_PERIOD:?}: {g:?}");
-    assert!(g.iter().all(|x| *x < Duration::from_micros(WATCHDOG_USEC.parse().unwrap())), "a gap reached WatchdogSec: {g:?}");
+    assert!(
+        m >= PING_PERIOD * 7 / 10 && m <= PING_PERIOD * 14 / 10,
+        "median ping gap {m:?}, expected about {PING_PERIOD:?}: {g:?}"
+    );
+    assert!(
+        g.iter().all(|x| *x < Duration::from_micros(WATCHDOG_USEC.parse().unwrap())),
+        "a gap reached WatchdogSec: {g:?}"
+    );
     d
 }
 
 /// Sends `sig`, then asserts the pings stop within the grace period and stay stopped while the
 /// process itself keeps running.
-fn pings_stop_after(d: &mut Daemon, sig: &str, component: &str) {
+fn pings_stop_after(d: &mut Server, sig: &str, component: &str) {
     let wedged_at = Instant::now();
     d.signal(sig);
     d.collect_until(wedged_at + Duration::from_secs(10), |_| false);
     let after = d.pings_since(wedged_at);
     let last = after.last().copied().unwrap_or(wedged_at);
     // Stale after 3 s, noticed at the next 1 s check; 2 s of slack for a loaded machine.
-    assert!(last - wedged_at <= Duration::from_secs(6), "pings went on {:?} after the {component} was wedged ({} pings)", last - wedged_at, after.len());
-    assert!(wedged_at + Duration::from_secs(10) - last >= Duration::from_secs(4), "pings resumed: {:?}", after.iter().map(|t| *t - wedged_at).collect::<Vec<_>>());
-    assert!(d.child.try_wait().unwrap().is_none(), "the daemon should be alive (systemd, not the daemon, acts on a missed watchdog)");
+    assert!(
+        last - wedged_at <= Duration::from_secs(6),
+        "pings went on {:?} after the {component} was wedged ({} pings)",
+        last - wedged_at,
+        after.len()
+    );
+    assert!(
+        wedged_at + Duration::from_secs(10) - last >= Duration::from_secs(4),
+        "pings resumed: {:?}",
+        after.iter().map(|t| *t - wedged_at).collect::<Vec<_>>()
+    );
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon should be alive (systemd, not the daemon, acts on a missed watchdog)"
+    );
     let log = d.log_text();
     assert!(log.contains(component) && log.contains("withholding watchdog pings"), "{log}");
     let status = d.got.iter().rev().find(|(_, m)| m.contains("STATUS=unhealthy"));
-    assert!(status.is_some_and(|(_, m)| m.contains(component)), "STATUS= should say what is wedged: {:?}", d.got.iter().map(|(_, m)| m).collect::<Vec<_>>());
+    assert!(
+        status.is_some_and(|(_, m)| m.contains(component)),
+        "STATUS= should say what is wedged: {:?}",
+        d.got.iter().map(|(_, m)| m).collect::<Vec<_>>()
+    );
     eprintln!("{component} wedged: {} more pings, the last {:?} after the wedge", after.len(), last - wedged_at);
 }
 
@@ -213,13 +138,18 @@ fn no_watchdog_pings_unless_systemd_asks_and_stopping_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = false"));
     // WATCHDOG_PID naming another process: the duty is not ours (sd_watchdog_enabled).
-    let mut d = Daemon::spawn(&lan.srv, dir.path(), &cfg, &[], &[("WATCHDOG_USEC", "200000"), ("WATCHDOG_PID", "1")]);
-    d.wait_ready(Duration::from_secs(20));
+    let mut d =
+        Server::builder(&lan.ns, dir.path()).config_text(&cfg).watchdog("200000").env("WATCHDOG_PID", "1").spawn();
+    d.wait_notify("READY=1", Duration::from_secs(20));
     let from = Instant::now();
     d.collect_until(from + Duration::from_millis(1500), |_| false);
     assert!(d.pings_since(from).is_empty(), "pinged for another pid");
     d.signal("TERM");
-    assert!(d.collect_until(Instant::now() + Duration::from_secs(10), |m| m.lines().any(|l| l == "STOPPING=1")), "no STOPPING=1:\n{}", d.log_text());
+    assert!(
+        d.collect_until(Instant::now() + Duration::from_secs(10), |m| m.lines().any(|l| l == "STOPPING=1")),
+        "no STOPPING=1:\n{}",
+        d.log_text()
+    );
     let st = wait_for("exit after SIGTERM", Duration::from_secs(10), || d.child.try_wait().unwrap());
     assert!(st.success(), "{st}");
 }
@@ -228,9 +158,14 @@ fn no_watchdog_pings_unless_systemd_asks_and_stopping_on_sigterm() {
 
 /// `AmbientCapabilities=` of systemd/twinlease.service, as setpriv spells them.
 fn unit_capabilities() -> Vec<String> {
-    let unit = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/twinlease.service")).unwrap();
-    let line = unit.lines().find_map(|l| l.strip_prefix("AmbientCapabilities=")).expect("AmbientCapabilities= in the unit");
-    let bounding = unit.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("CapabilityBoundingSet= in the unit");
+    let unit =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/twinlease.service")).unwrap();
+    let line =
+        unit.lines().find_map(|l| l.strip_prefix("AmbientCapabilities=")).expect("AmbientCapabilities= in the unit");
+    let bounding = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet= in the unit");
     assert_eq!(line, bounding, "ambient and bounding sets should be the same list");
     line.split_whitespace().map(|c| c.trim_start_matches("CAP_").to_ascii_lowercase()).collect()
 }
@@ -272,8 +207,8 @@ fn the_units_capabilities_suffice_for_ping_check_and_unicast_replies() {
     let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = true\nping_timeout_ms = 200"));
     let prefix = as_unprivileged(&caps);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let mut d = Daemon::spawn(&lan.srv, dir.path(), &cfg, &prefix, &[]);
-    d.wait_ready(Duration::from_secs(20));
+    let mut d = Server::builder(&lan.ns, dir.path()).config_text(&cfg).prefix(&prefix).spawn();
+    d.wait_notify("READY=1", Duration::from_secs(20));
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
     assert!(status.lines().any(|l| l == "Uid:\t65534\t65534\t65534\t65534"), "{status}");
     assert!(status.lines().any(|l| l == "CapEff:\t0000000000003400"), "only the three network capabilities:\n{status}");
@@ -286,7 +221,9 @@ fn the_units_capabilities_suffice_for_ping_check_and_unicast_replies() {
     assert!(!log.contains("ICMP socket"), "the ping check should have its raw socket:\n{log}");
     assert!(!log.contains("CAP_NET_ADMIN"), "ARP installation should work:\n{log}");
     // The neighbour entry SIOCSARP installed for the unicast reply.
-    let neigh = String::from_utf8_lossy(&run(Command::new("ip").args(["-n", &lan.srv.name, "neigh", "show", &bound.ip])).stdout).to_string();
+    let neigh =
+        String::from_utf8_lossy(&run(Command::new("ip").args(["-n", &lan.ns.name, "neigh", "show", &bound.ip])).stdout)
+            .to_string();
     assert!(neigh.contains(&lan.mac(c)), "no ARP entry for {} on the server: {neigh:?}", bound.ip);
 }
 
@@ -299,8 +236,8 @@ fn without_cap_net_admin_replies_fall_back_to_broadcast() {
     let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = false"));
     let prefix = as_unprivileged(&caps);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let mut d = Daemon::spawn(&lan.srv, dir.path(), &cfg, &prefix, &[]);
-    d.wait_ready(Duration::from_secs(20));
+    let mut d = Server::builder(&lan.ns, dir.path()).config_text(&cfg).prefix(&prefix).spawn();
+    d.wait_notify("READY=1", Duration::from_secs(20));
     let (ns, iface) = lan.client(c);
     let (out, _) = udhcpc_once(ns, iface, dir.path(), &[]);
     assert!(out.status.success(), "udhcpc: {}\n{}", String::from_utf8_lossy(&out.stderr), d.log_text());
@@ -316,7 +253,7 @@ fn without_cap_net_bind_service_there_is_no_ready() {
     let cfg = config_text(dir.path(), &body(&lan.bridge, "ping_check = false"));
     let prefix = as_unprivileged(&caps);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let mut d = Daemon::spawn(&lan.srv, dir.path(), &cfg, &prefix, &[]);
+    let mut d = Server::builder(&lan.ns, dir.path()).config_text(&cfg).prefix(&prefix).spawn();
     let st = wait_for("the daemon to give up", Duration::from_secs(20), || d.child.try_wait().unwrap());
     assert!(!st.success());
     d.collect_until(Instant::now() + Duration::from_millis(200), |_| false);
@@ -334,7 +271,10 @@ fn parse_journal(mut d: &[u8]) -> Vec<(String, String)> {
         let nl = d.iter().position(|&b| b == b'\n').unwrap_or(d.len());
         let line = &d[..nl];
         if let Some(eq) = line.iter().position(|&b| b == b'=') {
-            out.push((String::from_utf8_lossy(&line[..eq]).to_string(), String::from_utf8_lossy(&line[eq + 1..]).to_string()));
+            out.push((
+                String::from_utf8_lossy(&line[..eq]).to_string(),
+                String::from_utf8_lossy(&line[eq + 1..]).to_string(),
+            ));
             d = d.get(nl + 1..).unwrap_or(&[]);
         } else {
             let key = String::from_utf8_lossy(line).to_string();
@@ -363,8 +303,9 @@ fn logs_go_to_the_journal_with_role_term_client_and_address_fields() {
     );
     let prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script.as_str()];
     // Without TWINLEASE_LOG_STDERR, so the journal is chosen.
-    let mut d = Daemon::spawn(&lan.srv, dir.path(), &cfg, &prefix, &[("TWINLEASE_LOG_STDERR", "")]);
-    d.wait_ready(Duration::from_secs(20));
+    let mut d =
+        Server::builder(&lan.ns, dir.path()).config_text(&cfg).prefix(&prefix).unset("TWINLEASE_LOG_STDERR").spawn();
+    d.wait_notify("READY=1", Duration::from_secs(20));
     let (ns, iface) = lan.client(c);
     let (out, _) = udhcpc_once(ns, iface, dir.path(), &[]);
     assert!(out.status.success(), "udhcpc: {}", String::from_utf8_lossy(&out.stderr));
@@ -383,7 +324,10 @@ fn logs_go_to_the_journal_with_role_term_client_and_address_fields() {
     assert!(get(&granted, "ADDRESS").is_some_and(|a| a.starts_with("198.18.0.1")), "{granted:?}");
     assert!(get(&granted, "CLIENT").is_some_and(|c| !c.is_empty()), "{granted:?}");
     assert_eq!(get(&granted, "TERM").as_deref(), Some("0"), "{granted:?}");
-    let listening = entries.iter().find(|e| get(e, "MESSAGE").as_deref() == Some("listening on port 67")).expect("the start-up entry");
+    let listening = entries
+        .iter()
+        .find(|e| get(e, "MESSAGE").as_deref() == Some("listening on port 67"))
+        .expect("the start-up entry");
     assert_eq!(get(listening, "ROLE").as_deref(), Some("active"), "{listening:?}");
     assert_eq!(get(listening, "TERM").as_deref(), Some("0"), "{listening:?}");
     assert!(!d.log_text().contains("lease granted"), "with the journal there, nothing goes to stderr");

@@ -10,35 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// A small tmpfs mounted for one test; unmounted on drop.
-struct SmallDisk {
-    dir: PathBuf,
-}
-
-impl SmallDisk {
-    fn new(parent: &Path, size: &str) -> SmallDisk {
-        let dir = parent.join("disk");
-        std::fs::create_dir_all(&dir).unwrap();
-        run(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&dir));
-        SmallDisk { dir }
-    }
-
-    /// Fills the filesystem to the last byte.
-    fn fill(&self) {
-        let _ = Command::new("dd").args(["if=/dev/zero", "bs=4k"]).arg(format!("of={}", self.dir.join("filler").display())).stderr(std::process::Stdio::null()).status();
-    }
-
-    fn unfill(&self) {
-        std::fs::remove_file(self.dir.join("filler")).unwrap();
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
-
 fn lan_body(bridge: &str, state_dir: &Path) -> String {
     format!(
         "[node]\nname = \"test\"\nstate_dir = \"{}\"\n[dhcp]\ninterfaces = [\"{bridge}\"]\nping_check = false\n\
@@ -60,12 +31,13 @@ fn a_full_disk_stops_acks_until_space_returns() {
     let b = lan.add_client();
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::new(dir.path(), "1m");
-    let mut srv = Server::start(&lan.srv, dir.path(), &lan_body(&lan.bridge, &disk.dir.join("state")));
+    let mut srv = Server::start(&lan.ns, dir.path(), &lan_body(&lan.bridge, &disk.dir.join("state")));
     assert!(try_lease(&lan, a, dir.path()).is_some(), "a lease before the disk fills");
 
     disk.fill();
     assert!(try_lease(&lan, b, dir.path()).is_none(), "no ACK may leave while the lease cannot be stored");
-    wait_for("the disk-full error in the log", Duration::from_secs(5), || srv.log_text().contains("the disk is full").then_some(()));
+    srv.wait_until("the store to report it cannot commit", Duration::from_secs(5), |s| !s.store.can_commit);
+    assert!(srv.log_text().contains("the disk is full"), "the log says why");
     assert!(srv.child.try_wait().unwrap().is_none(), "the server keeps running");
 
     disk.unfill();
@@ -132,7 +104,7 @@ fn a_filesystem_gone_read_only_stops_acks_and_a_restart_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let mut disk = Ext4Disk::new(dir.path());
     let cfg = lan_body(&lan.bridge, &disk.dir.join("state"));
-    let mut srv = Server::start(&lan.srv, dir.path(), &cfg);
+    let mut srv = Server::start(&lan.ns, dir.path(), &cfg);
     let first = try_lease(&lan, a, dir.path()).expect("a lease before the fault");
 
     disk.fail_read_only();
@@ -148,7 +120,7 @@ fn a_filesystem_gone_read_only_stops_acks_and_a_restart_recovers() {
     // every lease it acknowledged before the fault.
     disk.unmount();
     disk.mount();
-    let srv = Server::start(&lan.srv, dir.path(), &cfg);
+    let srv = Server::start(&lan.ns, dir.path(), &cfg);
     assert_eq!(lease_of(&srv.leases(), &first).unwrap()["state"], "leased");
     assert!(try_lease(&lan, b, dir.path()).is_some(), "served again after the repair");
 }
@@ -161,9 +133,13 @@ fn a_corrupt_database_is_moved_aside_and_service_continues() {
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     std::fs::write(state.join("leases.db"), vec![0x5a; 8192]).unwrap();
-    let srv = Server::start(&lan.srv, dir.path(), &lan_body(&lan.bridge, &state));
+    let srv = Server::start(&lan.ns, dir.path(), &lan_body(&lan.bridge, &state));
     assert!(srv.log_text().contains("lease database was corrupt; moved aside"), "{}", srv.log_text());
-    let moved: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| n.starts_with("leases.db.corrupt-")).collect();
+    let moved: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("leases.db.corrupt-"))
+        .collect();
     assert_eq!(moved.len(), 1, "the damaged file is kept for inspection");
     assert!(try_lease(&lan, a, dir.path()).is_some());
 }

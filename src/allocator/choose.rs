@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 
 use super::Allocator;
-use crate::config::{AliasBusyPolicy, SubnetId};
+use crate::config::{AliasBusyPolicy, ClassSet, SubnetId};
 use crate::lease::{ClientKey, LeaseState, UnixSecs};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,21 +15,52 @@ pub enum Choice {
     HeldOff { group: String, holder: ClientKey },
     /// The client's reserved address is quarantined (declined or answered a ping).
     ReservedUnavailable { addr: Ipv4Addr },
-    /// No free address in the subnet.
+    /// No free address in a pool the client may use.
     Exhausted,
 }
 
 impl Allocator {
-    /// Chooses the address to offer, in this order: the client's reservation; its current
-    /// binding; its previous binding; the address it asked for, if free and not held back for
-    /// another client; the head of the free queue (the address available longest).
-    pub fn choose(&self, subnet: SubnetId, client: &ClientKey, hw: &[u8], client_id: Option<&[u8]>, requested: Option<Ipv4Addr>, now: UnixSecs) -> Choice {
-        if let Some(r) = self.reservation_for(hw, client_id).filter(|r| self.reservations[*r].subnet == subnet) {
+    /// [`Self::choose_for`] a client in no class.
+    pub fn choose(
+        &self,
+        subnet: SubnetId,
+        client: &ClientKey,
+        hw: &[u8],
+        client_id: Option<&[u8]>,
+        requested: Option<Ipv4Addr>,
+        now: UnixSecs,
+    ) -> Choice {
+        self.choose_for(subnet, ClassSet::EMPTY, client, hw, client_id, requested, now)
+    }
+
+    /// Chooses the address to offer in the network of `subnet` to a client in `classes`, in
+    /// this order: the client's reservation; its current binding; its previous binding; the
+    /// address it asked for, if free and not held back for another client; then the pools it
+    /// may use (those that allow one of its classes first, then those open to all, each group
+    /// in order): the first one whose queue head is available now, else (every such address
+    /// is held for a returning client) the head free longest among them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose_for(
+        &self,
+        subnet: SubnetId,
+        classes: ClassSet,
+        client: &ClientKey,
+        hw: &[u8],
+        client_id: Option<&[u8]>,
+        requested: Option<Ipv4Addr>,
+        now: UnixSecs,
+    ) -> Choice {
+        if let Some(r) = self.reservation_in(subnet, hw, client_id) {
             return self.choose_reserved(r, client, now);
         }
-        let dynamic_here = |a: &Ipv4Addr| self.slots.get(a).is_some_and(|s| s.subnet == subnet && s.reserved.is_none());
+        let network = self.subnet_network[subnet];
+        let dynamic_here = |a: &Ipv4Addr| {
+            self.slots.get(a).is_some_and(|s| {
+                s.network == network && s.reserved.is_none() && s.pool.is_some_and(|p| self.pools[p].admits(classes))
+            })
+        };
 
-        if let Some(addr) = self.by_client.get(&(subnet, client.clone())).copied().filter(dynamic_here) {
+        if let Some(addr) = self.by_client.get(&(network, client.clone())).copied().filter(dynamic_here) {
             let b = &self.slots[&addr].b;
             if b.is_owned_by(client) && b.state != LeaseState::Declined {
                 // Current binding (busy) or previous binding (free, still marked as its own).
@@ -43,11 +74,29 @@ impl Allocator {
                 return Choice::Offer { addr, fresh: !b.is_owned_by(client), take_over: false };
             }
         }
-        // The queue head, skipping (a bounded number of) entries that are not really free: an
-        // address should never be both queued and busy, and the reaper repairs it if it is.
-        let head = self.free[subnet].iter().take(64).map(|(_, a)| *a).find(|a| self.slots[a].b.state == LeaseState::Free);
-        match head {
-            Some(addr) => Choice::Offer { addr, fresh: true, take_over: false },
+        // Each queue's head, skipping (a bounded number of) entries that are not really free:
+        // an address should never be both queued and busy, and the reaper repairs it if it is.
+        // Pools reserved for one of the client's classes come first (that is how a class
+        // selects its pools), then the pools open to every client; each group in order.
+        let mut oldest: Option<(UnixSecs, Ipv4Addr)> = None;
+        let selected = |p: &&usize| !self.pools[**p].allow.is_empty();
+        let order = self.network_pools[network]
+            .iter()
+            .filter(selected)
+            .chain(self.network_pools[network].iter().filter(|p| !selected(p)));
+        for &p in order {
+            if !self.pools[p].admits(classes) {
+                continue;
+            }
+            let head = self.free[p].iter().take(64).copied().find(|(_, a)| self.slots[a].b.state == LeaseState::Free);
+            match head {
+                Some((at, addr)) if at <= now => return Choice::Offer { addr, fresh: true, take_over: false },
+                Some(h) if oldest.is_none_or(|o| h < o) => oldest = Some(h),
+                _ => {}
+            }
+        }
+        match oldest {
+            Some((_, addr)) => Choice::Offer { addr, fresh: true, take_over: false },
             None => Choice::Exhausted,
         }
     }

@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 
 pub use choose::Choice;
 
-use crate::config::{AliasBusyPolicy, Config, SubnetId};
+use crate::config::{AliasBusyPolicy, ClassSet, Config, NetworkId, PoolId, SubnetId};
 use crate::lease::{Binding, ClientKey, LeaseState, Transition, UnixSecs};
 
 /// Timing rules from the configuration.
@@ -69,6 +69,10 @@ struct Reserved {
 struct Slot {
     b: Binding,
     subnet: SubnetId,
+    /// The network (shared or a lone subnet) of `subnet`: a client holds one address per network.
+    network: NetworkId,
+    /// The pool whose range holds the address (for its queue, its classes and its options).
+    pool: Option<PoolId>,
     /// Index into `reservations` if this address is reserved (never in the dynamic queue).
     reserved: Option<usize>,
     /// The version of this binding the partner is known to hold (synced iff equal to
@@ -94,14 +98,21 @@ pub struct Allocator {
     /// non-randomised hash is safe here.
     slots: FxHashMap<Ipv4Addr, Slot>,
     /// Number of addresses in each state, kept by `install`.
-    state_counts: [usize; 5],
-    /// Per subnet: free dynamic addresses by (next-available, address).
+    /// Addresses per lease state (by [`LeaseState::code`]), per subnet.
+    state_counts: Vec<[usize; 5]>,
+    /// Per pool: free dynamic addresses by (next-available, address).
     free: Vec<BTreeSet<(UnixSecs, Ipv4Addr)>>,
+    /// Per pool: who may use it.
+    pools: Vec<PoolRule>,
+    /// Per network: its pools in the order they are tried.
+    network_pools: Vec<Vec<PoolId>>,
+    /// Per subnet: its network.
+    subnet_network: Vec<NetworkId>,
     /// Every busy address by (expiry, address), for the reaper.
     busy: BTreeSet<(UnixSecs, Ipv4Addr)>,
-    /// The client's latest address in a subnet (current or previous binding); validated against
-    /// the slot's owner on use, so a stale entry is harmless.
-    by_client: HashMap<(SubnetId, ClientKey), Ipv4Addr>,
+    /// The client's latest address in a network (current or previous binding); validated
+    /// against the slot's owner on use, so a stale entry is harmless.
+    by_client: HashMap<(NetworkId, ClientKey), Ipv4Addr>,
     reservations: Vec<Reserved>,
     by_mac: HashMap<[u8; 6], usize>,
     by_client_id: HashMap<Box<[u8]>, usize>,
@@ -109,6 +120,38 @@ pub struct Allocator {
     term: u64,
     /// Where the queue consistency check resumes (see `reaper.rs`).
     repair_cursor: Vec<Option<(UnixSecs, Ipv4Addr)>>,
+    /// When each client's accepted DECLINEs happened, within the probation period (not
+    /// stored: a restart forgets them, which only lets a client decline its share again).
+    declines: HashMap<ClientKey, Vec<UnixSecs>>,
+}
+
+/// Which clients may take addresses from a pool (see [`crate::config::Pool::admits`]).
+#[derive(Debug, Clone, Copy)]
+struct PoolRule {
+    allow: ClassSet,
+    deny: ClassSet,
+}
+
+impl PoolRule {
+    fn admits(&self, classes: ClassSet) -> bool {
+        ClassSet::admits(self.allow, self.deny, classes)
+    }
+}
+
+/// DECLINEs one client may make within the probation period; later ones are ignored, so a
+/// broken or hostile client cannot quarantine the whole pool one address at a time.
+pub const DECLINES_PER_CLIENT: usize = 3;
+
+/// What became of a DHCPDECLINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decline {
+    /// The address is quarantined for the probation period.
+    Quarantined(Transition),
+    /// The client does not hold the address: nothing to do.
+    NotHolder,
+    /// The client already declined [`DECLINES_PER_CLIENT`] addresses within the probation
+    /// period: its binding is left as it is.
+    OverLimit,
 }
 
 impl Allocator {
@@ -117,15 +160,19 @@ impl Allocator {
         let mut a = Allocator {
             policy: Policy::from_config(config),
             slots: FxHashMap::default(),
-            state_counts: [0; 5],
-            free: vec![BTreeSet::new(); config.subnets.len()],
+            state_counts: vec![[0; 5]; config.subnets.len()],
+            free: vec![BTreeSet::new(); config.pools.len()],
+            pools: config.pools.iter().map(|p| PoolRule { allow: p.allow, deny: p.deny }).collect(),
+            network_pools: config.networks.iter().map(|n| n.pools.clone()).collect(),
+            subnet_network: config.subnets.iter().map(|s| s.network).collect(),
             busy: BTreeSet::new(),
             by_client: HashMap::new(),
             reservations: Vec::new(),
             by_mac: HashMap::new(),
             by_client_id: HashMap::new(),
             term: 0,
-            repair_cursor: vec![None; config.subnets.len()],
+            repair_cursor: vec![None; config.pools.len()],
+            declines: HashMap::new(),
         };
         for (i, r) in config.reservations.iter().enumerate() {
             a.reservations.push(Reserved { name: r.name.clone(), ip: r.ip, subnet: r.subnet, policy: r.on_alias_busy });
@@ -135,37 +182,58 @@ impl Allocator {
             for id in &r.client_ids {
                 a.by_client_id.insert(id.clone().into(), i);
             }
-            a.slots.insert(r.ip, Slot { b: Binding::fresh(r.ip), subnet: r.subnet, reserved: Some(i), synced: 0 });
-            a.state_counts[0] += 1;
+            let pool = config.subnets[r.subnet].pools.iter().copied().find(|p| config.pools[*p].addrs.contains(r.ip));
+            let network = config.subnets[r.subnet].network;
+            a.slots.insert(
+                r.ip,
+                Slot { b: Binding::fresh(r.ip), subnet: r.subnet, network, pool, reserved: Some(i), synced: 0 },
+            );
+            a.state_counts[r.subnet][0] += 1;
         }
-        for (sid, s) in config.subnets.iter().enumerate() {
-            for addr in s.dynamic_addresses() {
+        for pool in &config.pools {
+            let network = config.subnets[pool.subnet].network;
+            for addr in pool.addrs.iter() {
                 if a.slots.contains_key(&addr) {
                     continue; // reserved: never handed out dynamically
                 }
-                a.slots.insert(addr, Slot { b: Binding::fresh(addr), subnet: sid, reserved: None, synced: 0 });
-                a.free[sid].insert((0, addr));
-                a.state_counts[0] += 1;
+                let slot = Slot {
+                    b: Binding::fresh(addr),
+                    subnet: pool.subnet,
+                    network,
+                    pool: Some(pool.id),
+                    reserved: None,
+                    synced: 0,
+                };
+                a.slots.insert(addr, slot);
+                a.free[pool.id].insert((0, addr));
+                a.state_counts[pool.subnet][0] += 1;
             }
         }
         a
     }
 
-    /// Overlays stored bindings. Returns the ones for addresses no longer configured (kept in
-    /// the store untouched, not served).
-    pub fn load(&mut self, stored: impl IntoIterator<Item = Binding>) -> Vec<Binding> {
-        let mut orphans = Vec::new();
-        for b in stored {
-            match self.slots.get(&b.addr) {
-                Some(_) => self.install(b),
-                None => orphans.push(b),
-            }
+    /// The pool whose range holds `addr`.
+    pub fn pool_of(&self, addr: Ipv4Addr) -> Option<PoolId> {
+        self.slots.get(&addr)?.pool
+    }
+
+    /// Whether a client in `classes` may hold `addr`: reserved addresses go by the
+    /// reservation; dynamic ones by their pool's classes.
+    pub fn pool_admits(&self, addr: Ipv4Addr, classes: ClassSet) -> bool {
+        match self.slots.get(&addr) {
+            Some(s) if s.reserved.is_none() => s.pool.is_none_or(|p| self.pools[p].admits(classes)),
+            _ => true,
         }
-        orphans
     }
 
     pub fn set_term(&mut self, term: u64) {
         self.term = term;
+    }
+
+    /// New hold and probation times (a configuration reload); bindings already made keep the
+    /// times they were given.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
     }
 
     pub fn term(&self) -> u64 {
@@ -198,10 +266,16 @@ impl Allocator {
         self.by_mac.get(&mac).copied()
     }
 
-    /// The address reserved for this client in `subnet`, if it has one.
+    /// The address reserved for this client in the network of `subnet`, if it has one.
     pub fn reserved_ip_for(&self, subnet: SubnetId, hw: &[u8], client_id: Option<&[u8]>) -> Option<Ipv4Addr> {
-        let r = &self.reservations[self.reservation_for(hw, client_id)?];
-        (r.subnet == subnet).then_some(r.ip)
+        self.reservation_in(subnet, hw, client_id).map(|r| self.reservations[r].ip)
+    }
+
+    /// The index (in the configuration's list) of this client's reservation in the network of
+    /// `subnet`, if it has one.
+    pub fn reservation_in(&self, subnet: SubnetId, hw: &[u8], client_id: Option<&[u8]>) -> Option<usize> {
+        let r = self.reservation_for(hw, client_id)?;
+        (self.subnet_network[self.reservations[r].subnet] == self.subnet_network[subnet]).then_some(r)
     }
 
     /// Is `addr` reserved for a group this client is not in?
@@ -212,16 +286,22 @@ impl Allocator {
         }
     }
 
-    /// The client's busy binding in `subnet`, if it has one.
+    /// The client's busy binding in the network of `subnet`, if it has one.
     pub fn current(&self, subnet: SubnetId, client: &ClientKey) -> Option<&Binding> {
-        let addr = self.by_client.get(&(subnet, client.clone()))?;
+        let addr = self.by_client.get(&(self.subnet_network[subnet], client.clone()))?;
         let b = &self.slots.get(addr)?.b;
         (b.state.is_busy() && b.is_owned_by(client)).then_some(b)
     }
 
     /// Number of addresses in `state` (expired but not yet reaped ones still count as busy).
     pub fn count(&self, state: LeaseState) -> usize {
-        self.state_counts[state.code() as usize]
+        self.state_counts.iter().map(|c| c[state.code() as usize]).sum()
+    }
+
+    /// Per subnet (in configuration order): addresses in each lease state, indexed by
+    /// [`LeaseState::code`], reserved addresses included.
+    pub fn usage(&self) -> &[[usize; 5]] {
+        &self.state_counts
     }
 
     pub fn len(&self) -> usize {
@@ -257,35 +337,38 @@ impl Allocator {
         let addr = new.addr;
         let Some(slot) = self.slots.get_mut(&addr) else { return };
         let old = std::mem::replace(&mut slot.b, new);
-        let (subnet, dynamic) = (slot.subnet, slot.reserved.is_none());
+        let (network, subnet) = (slot.network, slot.subnet);
+        let queue = if slot.reserved.is_none() { slot.pool } else { None };
         let new = &slot.b;
-        self.state_counts[old.state.code() as usize] -= 1;
-        self.state_counts[new.state.code() as usize] += 1;
+        self.state_counts[subnet][old.state.code() as usize] -= 1;
+        self.state_counts[subnet][new.state.code() as usize] += 1;
         if old.state.is_busy() {
             self.busy.remove(&(old.expires, addr));
-        } else if dynamic {
-            self.free[subnet].remove(&(old.expires, addr));
+        } else if let Some(q) = queue {
+            self.free[q].remove(&(old.expires, addr));
         }
         if new.state.is_busy() {
             self.busy.insert((new.expires, addr));
-        } else if dynamic {
-            self.free[subnet].insert((new.expires, addr));
+        } else if let Some(q) = queue {
+            self.free[q].insert((new.expires, addr));
         }
         if let Some(o) = &old.owner
             && new.owner.as_ref() != Some(o)
         {
-            let key = (subnet, o.clone());
+            let key = (network, o.clone());
             if self.by_client.get(&key) == Some(&addr) {
                 self.by_client.remove(&key);
             }
         }
         if let Some(n) = new.owner.clone() {
             let busy = new.state.is_busy();
-            let key = (subnet, n);
+            let key = (network, n);
             // A free binding remembers its last client (affinity) but must not hide a busy
             // binding the client holds elsewhere (lease sync frees a client's losing address).
             let holds_other = !busy
-                && self.by_client.get(&key).is_some_and(|a| *a != addr && self.slots.get(a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(&key.1)));
+                && self.by_client.get(&key).is_some_and(|a| {
+                    *a != addr && self.slots.get(a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(&key.1))
+                });
             if !holds_other {
                 self.by_client.insert(key, addr);
             }
@@ -305,7 +388,7 @@ impl Allocator {
         t
     }
 
-    /// Frees the client's other busy address in the subnet so it never holds two. Every busy
+    /// Frees the client's other busy address in the network so it never holds two. Every busy
     /// binding is indexed in `by_client` when made, so the index finds it without a scan.
     fn release_others(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs, out: &mut Vec<Transition>) {
         let subnet = self.slots[&addr].subnet;
@@ -321,7 +404,15 @@ impl Allocator {
 
     /// Holds `addr` for `client` in a short-lived busy `state` (probing or offered) for `secs`,
     /// freeing whatever else the client holds in the subnet.
-    fn hold_for(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs, state: LeaseState, secs: u64) -> Vec<Transition> {
+    fn hold_for(
+        &mut self,
+        addr: Ipv4Addr,
+        client: &ClientKey,
+        hw: &[u8],
+        now: UnixSecs,
+        state: LeaseState,
+        secs: u64,
+    ) -> Vec<Transition> {
         let mut out = Vec::new();
         self.release_others(addr, client, now, &mut out);
         out.push(self.change(addr, |b| {
@@ -351,7 +442,14 @@ impl Allocator {
 
     /// Whether `client` may be given `addr` now (REQUEST): it holds it, or it is free and not
     /// reserved for someone else. `Err` names who holds it.
-    pub fn may_lease(&self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], client_id: Option<&[u8]>, now: UnixSecs) -> Result<(), LeaseRefusal> {
+    pub fn may_lease(
+        &self,
+        addr: Ipv4Addr,
+        client: &ClientKey,
+        hw: &[u8],
+        client_id: Option<&[u8]>,
+        now: UnixSecs,
+    ) -> Result<(), LeaseRefusal> {
         let Some(slot) = self.slots.get(&addr) else { return Err(LeaseRefusal::NotOurs) };
         if self.reserved_for_other(addr, hw, client_id) {
             return Err(LeaseRefusal::ReservedForOther);
@@ -361,7 +459,11 @@ impl Allocator {
             return Ok(());
         }
         if b.is_live(now) {
-            return Err(if b.state == LeaseState::Declined { LeaseRefusal::Quarantined } else { LeaseRefusal::HeldByOther });
+            return Err(if b.state == LeaseState::Declined {
+                LeaseRefusal::Quarantined
+            } else {
+                LeaseRefusal::HeldByOther
+            });
         }
         // Free (or expired and not yet reaped): the client may have it. Affinity only steers
         // what we offer, not what a client that already uses an address may keep.
@@ -369,7 +471,15 @@ impl Allocator {
     }
 
     /// Leases `addr` to `client` until `now + lease_secs`. Call [`Self::may_lease`] first.
-    pub fn lease(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], hostname: Option<&str>, lease_secs: u32, now: UnixSecs) -> Vec<Transition> {
+    pub fn lease(
+        &mut self,
+        addr: Ipv4Addr,
+        client: &ClientKey,
+        hw: &[u8],
+        hostname: Option<&str>,
+        lease_secs: u32,
+        now: UnixSecs,
+    ) -> Vec<Transition> {
         let mut out = Vec::new();
         self.release_others(addr, client, now, &mut out);
         out.push(self.change(addr, |b| {
@@ -415,7 +525,8 @@ impl Allocator {
     /// DHCPDECLINE from the holder, or a probe that got an answer: quarantine the address.
     pub fn quarantine(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs) -> Option<Transition> {
         let b = &self.slots.get(&addr)?.b;
-        if !(b.is_owned_by(client) && matches!(b.state, LeaseState::Leased | LeaseState::Offered | LeaseState::Probing)) {
+        if !(b.is_owned_by(client) && matches!(b.state, LeaseState::Leased | LeaseState::Offered | LeaseState::Probing))
+        {
             return None;
         }
         let probation = self.policy.decline_probation_secs;
@@ -428,9 +539,29 @@ impl Allocator {
         }))
     }
 
-    /// Alias take-over: abandon the current holder's binding of a reserved address.
-    pub fn take_over(&mut self, addr: Ipv4Addr, client: &ClientKey, hw: &[u8], now: UnixSecs) -> Vec<Transition> {
-        self.offer(addr, client, hw, now)
+    /// DHCPDECLINE: quarantine the address, unless this client has already declined its share
+    /// within the probation period.
+    pub fn decline(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs) -> Decline {
+        let probation = self.policy.decline_probation_secs;
+        let live = |at: &UnixSecs| at.saturating_add(probation) > now;
+        let recent = self.declines.get_mut(client).map_or(0, |v| {
+            v.retain(live);
+            v.len()
+        });
+        if recent >= DECLINES_PER_CLIENT {
+            return Decline::OverLimit;
+        }
+        let Some(t) = self.quarantine(addr, client, now) else { return Decline::NotHolder };
+        // Only a decline that quarantined something is remembered, so entries are bounded by
+        // the pool; the expired ones go whenever the map has grown.
+        if self.declines.len() >= 1024 {
+            self.declines.retain(|_, v| {
+                v.retain(live);
+                !v.is_empty()
+            });
+        }
+        self.declines.entry(client.clone()).or_default().push(now);
+        Decline::Quarantined(t)
     }
 }
 

@@ -7,17 +7,13 @@ use super::Allocator;
 use crate::lease::{LeaseState, Transition, UnixSecs};
 
 impl Allocator {
-    /// The earliest expiry among busy entries, so the driver can sleep until then.
-    pub fn next_expiry(&self) -> Option<UnixSecs> {
-        self.busy.first().map(|(t, _)| *t)
-    }
-
     /// Frees up to `max` busy entries whose expiry is at or before `now` (and nothing else).
     /// A full batch means there may be more: call again. Leases re-enter the queue after the
     /// affinity hold; lapsed offers and probes at once (the client never used them); declined
     /// addresses at once, with no owner.
     pub fn reap(&mut self, now: UnixSecs, max: usize) -> Vec<Transition> {
-        let due: Vec<(UnixSecs, Ipv4Addr)> = self.busy.range(..=(now, Ipv4Addr::BROADCAST)).take(max).copied().collect();
+        let due: Vec<(UnixSecs, Ipv4Addr)> =
+            self.busy.range(..=(now, Ipv4Addr::BROADCAST)).take(max).copied().collect();
         let hold = self.policy.affinity_hold_secs;
         let mut out = Vec::with_capacity(due.len());
         for (expires, addr) in due {
@@ -45,30 +41,37 @@ impl Allocator {
         out
     }
 
-    /// Walks up to `max` queue entries per subnet (resuming where the last call stopped) and
+    /// Walks up to `max` queue entries per pool (resuming where the last call stopped) and
     /// removes any whose address is not free with that key: an address found both queued and
     /// busy is repaired in favour of the busy entry, which is what the store holds. Returns the
     /// number of entries repaired.
     pub fn repair_queue(&mut self, max: usize) -> usize {
         let mut repaired = 0;
-        for subnet in 0..self.free.len() {
-            let start = self.repair_cursor[subnet];
+        for pool in 0..self.free.len() {
+            let start = self.repair_cursor[pool];
             let batch: Vec<(UnixSecs, Ipv4Addr)> = match start {
-                Some(c) => self.free[subnet].range((std::ops::Bound::Excluded(c), std::ops::Bound::Unbounded)).take(max).copied().collect(),
-                None => self.free[subnet].iter().take(max).copied().collect(),
+                Some(c) => self.free[pool]
+                    .range((std::ops::Bound::Excluded(c), std::ops::Bound::Unbounded))
+                    .take(max)
+                    .copied()
+                    .collect(),
+                None => self.free[pool].iter().take(max).copied().collect(),
             };
-            self.repair_cursor[subnet] = if batch.len() < max { None } else { batch.last().copied() };
+            self.repair_cursor[pool] = if batch.len() < max { None } else { batch.last().copied() };
             for (key, addr) in batch {
-                let ok = self.slots.get(&addr).is_some_and(|s| s.reserved.is_none() && s.b.state == LeaseState::Free && s.b.expires == key);
+                let ok = self.slots.get(&addr).is_some_and(|s| {
+                    s.reserved.is_none() && s.pool == Some(pool) && s.b.state == LeaseState::Free && s.b.expires == key
+                });
                 if !ok {
-                    self.free[subnet].remove(&(key, addr));
+                    self.free[pool].remove(&(key, addr));
                     repaired += 1;
                     if let Some(s) = self.slots.get(&addr)
                         && s.reserved.is_none()
+                        && s.pool == Some(pool)
                         && s.b.state == LeaseState::Free
                     {
                         let k = s.b.expires;
-                        self.free[subnet].insert((k, addr)); // re-key a free entry queued under a stale time
+                        self.free[pool].insert((k, addr)); // re-key a free entry queued under a stale time
                     }
                 }
             }
@@ -81,7 +84,7 @@ impl Allocator {
     #[cfg(test)]
     pub(crate) fn corrupt_enqueue(&mut self, addr: Ipv4Addr) {
         let s = &self.slots[&addr];
-        self.free[s.subnet].insert((0, addr));
+        self.free[s.pool.expect("a pool address")].insert((0, addr));
     }
 
     /// Checks every index against the slots; used by tests and debug assertions.
@@ -89,7 +92,7 @@ impl Allocator {
         use std::collections::HashMap;
         let mut live_per_client: HashMap<(usize, &crate::lease::ClientKey), Ipv4Addr> = HashMap::new();
         for (addr, s) in &self.slots {
-            let queued = self.free[s.subnet].contains(&(s.b.expires, *addr));
+            let queued = s.pool.is_some_and(|p| self.free[p].contains(&(s.b.expires, *addr)));
             let indexed_busy = self.busy.contains(&(s.b.expires, *addr));
             if s.b.state.is_busy() {
                 if !indexed_busy {
@@ -99,7 +102,7 @@ impl Allocator {
                     return Err(format!("{addr} both queued and busy"));
                 }
                 if let (Some(o), true) = (&s.b.owner, s.b.is_live(now))
-                    && let Some(prev) = live_per_client.insert((s.subnet, o), *addr)
+                    && let Some(prev) = live_per_client.insert((s.network, o), *addr)
                 {
                     return Err(format!("client {o} holds both {prev} and {addr}"));
                 }
@@ -115,7 +118,8 @@ impl Allocator {
         if self.busy.len() != self.slots.values().filter(|s| s.b.state.is_busy()).count() {
             return Err("busy index size differs from busy slots".into());
         }
-        for st in [LeaseState::Free, LeaseState::Probing, LeaseState::Offered, LeaseState::Leased, LeaseState::Declined] {
+        for st in [LeaseState::Free, LeaseState::Probing, LeaseState::Offered, LeaseState::Leased, LeaseState::Declined]
+        {
             let n = self.slots.values().filter(|s| s.b.state == st).count();
             if self.count(st) != n {
                 return Err(format!("{} {st:?} counted, {n} present", self.count(st)));

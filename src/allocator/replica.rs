@@ -76,10 +76,25 @@ impl Allocator {
         self.current(subnet, client).map(|b| b.addr).filter(|a| *a != addr)
     }
 
+    /// How many addresses' bindings the partner does not hold.
+    pub fn unsynced_count(&self) -> usize {
+        self.slots.values().filter(|s| s.synced != s.b.version).count()
+    }
+
     /// Addresses whose binding the partner does not hold, in address order.
     pub fn unsynced_addrs(&self) -> Vec<Ipv4Addr> {
-        let mut v: Vec<Ipv4Addr> = self.slots.iter().filter(|(_, s)| s.synced != s.b.version).map(|(a, _)| *a).collect();
+        let mut v: Vec<Ipv4Addr> =
+            self.slots.iter().filter(|(_, s)| s.synced != s.b.version).map(|(a, _)| *a).collect();
         v.sort_unstable();
+        v
+    }
+
+    /// Every address with a history, with its sync mark (the inverse of
+    /// [`Self::load_with_marks`]): what a fresh database needs to hold all this box knows.
+    pub fn bindings_with_marks(&self) -> Vec<(Binding, u64)> {
+        let mut v: Vec<(Binding, u64)> =
+            self.slots.values().filter(|s| s.b.version != 0).map(|s| (s.b.clone(), s.synced)).collect();
+        v.sort_unstable_by_key(|(b, _)| b.addr);
         v
     }
 

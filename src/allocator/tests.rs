@@ -47,7 +47,10 @@ fn returning_client_gets_its_previous_address() {
     let mut a = Allocator::new(&config(""));
     a.lease(ip(12), &key(1 + 10), &mac(11), None, 1000, 0);
     a.release(ip(12), &key(11), 10).unwrap();
-    assert_eq!(a.choose(0, &key(11), &mac(11), None, None, 20), Choice::Offer { addr: ip(12), fresh: false, take_over: false });
+    assert_eq!(
+        a.choose(0, &key(11), &mac(11), None, None, 20),
+        Choice::Offer { addr: ip(12), fresh: false, take_over: false }
+    );
 }
 
 #[test]
@@ -93,7 +96,10 @@ fn client_never_holds_two_addresses() {
 #[test]
 fn alias_group_holds_one_address_one_member_at_a_time() {
     let mut a = Allocator::new(&config(""));
-    assert_eq!(a.choose(0, &key(1), &mac(1), None, None, 0), Choice::Offer { addr: ip(50), fresh: true, take_over: false });
+    assert_eq!(
+        a.choose(0, &key(1), &mac(1), None, None, 0),
+        Choice::Offer { addr: ip(50), fresh: true, take_over: false }
+    );
     a.lease(ip(50), &key(1), &mac(1), None, 1000, 0);
     match a.choose(0, &key(2), &mac(2), None, None, 10) {
         Choice::HeldOff { group, holder } => {
@@ -113,8 +119,11 @@ fn alias_group_holds_one_address_one_member_at_a_time() {
 fn alias_take_over_abandons_the_older_lease() {
     let mut a = Allocator::new(&config("on_alias_busy='take-over'"));
     a.lease(ip(50), &key(1), &mac(1), None, 1000, 0);
-    assert_eq!(a.choose(0, &key(2), &mac(2), None, None, 10), Choice::Offer { addr: ip(50), fresh: false, take_over: true });
-    a.take_over(ip(50), &key(2), &mac(2), 10);
+    assert_eq!(
+        a.choose(0, &key(2), &mac(2), None, None, 10),
+        Choice::Offer { addr: ip(50), fresh: false, take_over: true }
+    );
+    a.offer(ip(50), &key(2), &mac(2), 10);
     assert!(a.binding(ip(50)).unwrap().is_owned_by(&key(2)));
     assert_eq!(a.may_lease(ip(50), &key(1), &mac(1), None, 11), Err(LeaseRefusal::HeldByOther));
 }
@@ -133,6 +142,26 @@ fn decline_quarantines_for_the_probation() {
 }
 
 #[test]
+fn one_client_may_decline_only_its_share_within_the_probation() {
+    let mut a = Allocator::new(&config(""));
+    let (c, hw) = (key(11), mac(11));
+    // The client declines every address it is given: the pool has five.
+    for (n, t) in (10..=12).zip([0, 10, 20]) {
+        a.lease(ip(n), &c, &hw, None, 1000, t);
+        assert!(matches!(a.decline(ip(n), &c, t), Decline::Quarantined(_)), "decline {n}");
+    }
+    a.lease(ip(13), &c, &hw, None, 1000, 30);
+    assert_eq!(a.decline(ip(13), &c, 30), Decline::OverLimit);
+    assert_eq!(a.binding(ip(13)).unwrap().state, LeaseState::Leased, "its lease is left alone");
+    assert_eq!(offer_addr(a.choose(0, &key(12), &mac(12), None, None, 31)), ip(14), "others still get addresses");
+    // A decline of an address the client does not hold changes nothing and counts nothing.
+    assert_eq!(a.decline(ip(14), &key(12), 31), Decline::NotHolder);
+    // Once the first decline's probation is over, the client may decline again.
+    assert!(matches!(a.decline(ip(13), &c, 600), Decline::Quarantined(_)));
+    a.check_invariants(600).unwrap();
+}
+
+#[test]
 fn exhaustion_means_no_offer() {
     let mut a = Allocator::new(&config(""));
     for n in 0..5 {
@@ -144,7 +173,8 @@ fn exhaustion_means_no_offer() {
 
 #[test]
 fn reaper_walks_all_expired_entries_in_batches_and_nothing_else() {
-    let text = "[node]\nname='t'\n[[subnet]]\ncidr='198.18.0.0/20'\npools=['198.18.0.10-198.18.15.200']\nlease_secs=100\n";
+    let text =
+        "[node]\nname='t'\n[[subnet]]\ncidr='198.18.0.0/20'\npools=['198.18.0.10-198.18.15.200']\nlease_secs=100\n";
     let c = Config::parse(Path::new("t.toml"), text, &LocalAddrs::default()).unwrap();
     let mut a = Allocator::new(&c);
     let addrs: Vec<Ipv4Addr> = c.subnets[0].dynamic_addresses().take(2500).collect();
@@ -176,6 +206,33 @@ fn queued_and_busy_is_repaired() {
     assert_ne!(offer_addr(a.choose(0, &key(12), &mac(12), None, None, 0)), ip(10));
     // ...and the repair pass removes it.
     assert_eq!(a.repair_queue(1000), 1);
+    a.check_invariants(0).unwrap();
+}
+
+/// The allocator is built at start and again after every failed commit: from the subnet's
+/// pools-minus-exclusions ranges, so 20,000 exclusions on a /15 cost one pass over the pool.
+#[test]
+fn a_big_pool_with_many_exclusions_holds_each_dynamic_address_once() {
+    let first = u32::from(Ipv4Addr::new(198, 18, 0, 3));
+    let excluded: Vec<Ipv4Addr> = (0..20_000).map(|i| Ipv4Addr::from(first + 6 * i)).collect();
+    let list: Vec<String> = excluded.iter().map(|a| format!("'{a}'")).collect();
+    let text = format!(
+        "[node]\nname='t'\n[dhcp]\nmax_pool_addresses=131072\n[[subnet]]\ncidr='198.18.0.0/15'\n\
+         pools=['198.18.0.1-198.19.255.254']\nexclude=[{}]\n\
+         [[reservation]]\nname='in-pool'\nhw=['02:00:00:00:00:01']\nip='198.18.0.4'\n\
+         [[reservation]]\nname='excluded'\nhw=['02:00:00:00:00:02']\nip='198.18.0.9'\n",
+        list.join(",")
+    );
+    let c = Config::parse(Path::new("t.toml"), &text, &LocalAddrs::default()).unwrap();
+    let a = Allocator::new(&c);
+    // Every pool address but the exclusions, plus the reservation on an excluded address.
+    assert_eq!(a.len(), 131_070 - excluded.len() + 1);
+    assert_eq!(a.count(LeaseState::Free), a.len());
+    assert!(excluded.iter().filter(|x| **x != Ipv4Addr::new(198, 18, 0, 9)).all(|x| a.binding(*x).is_none()));
+    assert_eq!(a.reservation_of(Ipv4Addr::new(198, 18, 0, 4)), Some("in-pool"));
+    assert_eq!(a.reservation_of(Ipv4Addr::new(198, 18, 0, 9)), Some("excluded"));
+    // The queue head is the lowest dynamic address: .1 (.3 excluded, .4 reserved, .2 free).
+    assert_eq!(offer_addr(a.choose(0, &key(77), &mac(77), None, None, 0)), Ipv4Addr::new(198, 18, 0, 1));
     a.check_invariants(0).unwrap();
 }
 

@@ -8,6 +8,9 @@ use toml::Spanned;
 /// Default location of the lease database and other local state.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/twinlease";
 
+/// Default `[dhcp] max_pool_addresses`: the lease count a branch box's memory budget is sized for.
+pub const DEFAULT_MAX_POOL_ADDRESSES: u64 = 65_536;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
@@ -18,12 +21,70 @@ pub struct ConfigFile {
     pub subnet: Vec<Spanned<SubnetSection>>,
     #[serde(default)]
     pub reservation: Vec<Spanned<ReservationSection>>,
+    /// Options for every client (the least specific level).
+    #[serde(default)]
+    pub option: Vec<Spanned<OptionSection>>,
+    /// Names (and types) for option codes twinlease does not know.
+    #[serde(default)]
+    pub option_def: Vec<Spanned<OptionDefSection>>,
+    #[serde(default)]
+    pub class: Vec<Spanned<ClassSection>>,
     #[serde(default)]
     pub log: LogSection,
     /// Absent: a single box, always active.
     pub arbiter: Option<Spanned<ArbiterSection>>,
     /// The partner box and the lease sync link; absent on a single box.
     pub peer: Option<Spanned<PeerSection>>,
+    #[serde(default)]
+    pub control: ControlSection,
+    /// Absent: no metrics listener (`twinlease status --format prometheus` still works).
+    pub metrics: Option<Spanned<MetricsSection>>,
+}
+
+/// Default directory of the status and control sockets (systemd's `RuntimeDirectory=`).
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/twinlease";
+
+/// `[control]`: the status and control sockets.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSection {
+    #[serde(default = "default_runtime_dir")]
+    pub runtime_dir: Spanned<String>,
+    /// Group that may read `status.sock`.
+    #[serde(default = "default_status_group")]
+    pub status_group: String,
+    /// Group that may use `control.sock` (besides root).
+    #[serde(default = "default_admin_group")]
+    pub admin_group: String,
+}
+
+impl Default for ControlSection {
+    fn default() -> Self {
+        ControlSection {
+            runtime_dir: default_runtime_dir(),
+            status_group: default_status_group(),
+            admin_group: default_admin_group(),
+        }
+    }
+}
+
+fn default_runtime_dir() -> Spanned<String> {
+    Spanned::new(0..0, DEFAULT_RUNTIME_DIR.to_string())
+}
+
+fn default_status_group() -> String {
+    "twinlease".into()
+}
+
+fn default_admin_group() -> String {
+    "twinlease-admin".into()
+}
+
+/// `[metrics]`: the Prometheus text format over HTTP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    pub listen: Spanned<String>,
 }
 
 fn default_dhcp() -> Spanned<DhcpSection> {
@@ -62,6 +123,9 @@ pub struct DhcpSection {
     pub ping_timeout_ms: Spanned<u64>,
     #[serde(default)]
     pub on_alias_busy: AliasBusyPolicy,
+    /// The most pool addresses (all subnets, after exclusions) this box accepts.
+    #[serde(default = "default_max_pool_addresses")]
+    pub max_pool_addresses: Spanned<u64>,
 }
 
 impl Default for DhcpSection {
@@ -75,6 +139,7 @@ impl Default for DhcpSection {
             ping_check: true,
             ping_timeout_ms: default_ping_timeout(),
             on_alias_busy: AliasBusyPolicy::default(),
+            max_pool_addresses: default_max_pool_addresses(),
         }
     }
 }
@@ -93,6 +158,9 @@ fn default_affinity_hold() -> Spanned<u64> {
 }
 fn default_ping_timeout() -> Spanned<u64> {
     Spanned::new(0..0, 500)
+}
+fn default_max_pool_addresses() -> Spanned<u64> {
+    Spanned::new(0..0, DEFAULT_MAX_POOL_ADDRESSES)
 }
 
 /// What to do when a member of an alias group asks while another member holds the address.
@@ -127,6 +195,89 @@ pub struct SubnetSection {
     pub domain_name: Option<Spanned<String>>,
     #[serde(default)]
     pub ntp_servers: Vec<Spanned<String>>,
+    /// Subnets with the same name share one network segment (one interface or one relay).
+    pub shared_network: Option<Spanned<String>>,
+    /// Pools with their own classes or options; used after the plain `pools`, in file order.
+    #[serde(default)]
+    pub pool: Vec<Spanned<PoolSection>>,
+    #[serde(default)]
+    pub option: Vec<Spanned<OptionSection>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// "first-last", a cidr or one address.
+    pub range: Spanned<String>,
+    /// Only clients in one of these classes use the pool (empty: every client).
+    #[serde(default)]
+    pub allow_classes: Vec<Spanned<String>>,
+    /// Clients in any of these classes never use the pool.
+    #[serde(default)]
+    pub deny_classes: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub option: Vec<Spanned<OptionSection>>,
+}
+
+/// One option value at some level; `name` (built in or from `[[option_def]]`) or `code` (with
+/// `type` when the code has no definition).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionSection {
+    pub name: Option<Spanned<String>>,
+    pub code: Option<Spanned<i64>>,
+    #[serde(rename = "type")]
+    pub kind: Option<Spanned<String>>,
+    pub value: Option<Spanned<toml::Value>>,
+    /// Send it even when the client's parameter request list does not name it.
+    #[serde(default)]
+    pub always_send: bool,
+    /// Option 125 only: the enterprise number the sub-options belong to.
+    pub enterprise: Option<Spanned<i64>>,
+    /// Option 43 or 125: sub-options instead of a raw value.
+    #[serde(default)]
+    pub sub: Vec<Spanned<SubOptionSection>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubOptionSection {
+    pub code: Spanned<i64>,
+    #[serde(rename = "type")]
+    pub kind: Spanned<String>,
+    pub value: Spanned<toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionDefSection {
+    pub name: Spanned<String>,
+    pub code: Spanned<i64>,
+    #[serde(rename = "type")]
+    pub kind: Spanned<String>,
+}
+
+/// A client class: every match given must hold (any pattern of a list will do).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSection {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub vendor_class: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub user_class: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub hw_prefix: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub circuit_id: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub remote_id: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub interface: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub relay: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub option: Vec<Spanned<OptionSection>>,
 }
 
 fn default_lease() -> Spanned<u64> {
@@ -144,13 +295,16 @@ pub struct ReservationSection {
     pub ip: Spanned<String>,
     /// Overrides `[dhcp] on_alias_busy` for this group.
     pub on_alias_busy: Option<AliasBusyPolicy>,
+    /// Options for this host only (the most specific level).
+    #[serde(default)]
+    pub option: Vec<Spanned<OptionSection>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
     /// A `RUST_LOG`-style filter; the `RUST_LOG` environment variable wins when set.
-    pub filter: Option<String>,
+    pub filter: Option<Spanned<String>>,
 }
 
 /// The election arbiter (seeds 000–002): a SQL database at head office both boxes reach.

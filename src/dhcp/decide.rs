@@ -6,10 +6,11 @@ use std::net::Ipv4Addr;
 use dhcproto::v4::MessageType;
 use ipnet::Ipv4Net;
 
+use super::classify::{Facts, classify};
 use super::inbound::Request;
-use super::reply::{self, Destination, LeaseTimes};
-use crate::allocator::{Allocator, Choice};
-use crate::config::{Config, SubnetId};
+use super::reply::{self, Destination, LeaseTimes, Scope};
+use crate::allocator::{Allocator, Choice, Decline};
+use crate::config::{ClassSet, Config, SubnetId};
 use crate::lease::{ClientKey, LeaseState, Transition, UnixSecs};
 
 /// Where a request arrived, as far as the decision needs to know.
@@ -21,6 +22,8 @@ pub struct Ingress {
     pub local_dst: Ipv4Addr,
     /// True if the interface is one we serve directly; false for the relay-only socket.
     pub served: bool,
+    /// Which of `[dhcp] interfaces` it arrived on (None for the relay-only socket).
+    pub interface: Option<usize>,
 }
 
 /// A reply ready to send.
@@ -48,33 +51,62 @@ pub enum Silence {
     NotForUs,
     OtherServerChosen,
     PoolExhausted,
-    AliasHeldOff { group: String, holder: ClientKey },
+    AliasHeldOff {
+        group: String,
+        holder: ClientKey,
+    },
     ReservedUnavailable(Ipv4Addr),
     ProbeInFlight,
     ProbesExhausted,
     Malformed(&'static str),
     /// RELEASE and DECLINE are never answered.
     NoReplyExpected,
+    /// A DECLINE quarantined the address (logged with the client that said it is in use).
+    Declined {
+        addr: Ipv4Addr,
+        client: ClientKey,
+    },
+    /// A DECLINE from a client that already declined its share within the probation period:
+    /// ignored, so one client cannot quarantine the whole pool.
+    DeclineIgnored {
+        addr: Ipv4Addr,
+        client: ClientKey,
+    },
 }
 
 #[derive(Debug)]
-pub enum Action {
+pub enum Answer {
     /// Send after `transitions` are durable (immediately if `durable` is false).
-    Reply { reply: Reply, durable: bool },
+    Reply {
+        reply: Reply,
+        durable: bool,
+    },
+    /// DHCPNAK, sent at once; `refused` says which address and why (for the log).
+    Nak {
+        reply: Reply,
+        refused: Refused,
+    },
     /// Ping the address, then call [`after_probe`].
     Probe(PendingOffer),
     Silent(Silence),
 }
 
-#[derive(Debug)]
-pub struct Outcome {
-    pub transitions: Vec<Transition>,
-    pub action: Action,
+/// Why a REQUEST was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub addr: Ipv4Addr,
+    pub reason: &'static str,
 }
 
-impl Outcome {
-    fn silent(transitions: Vec<Transition>, why: Silence) -> Outcome {
-        Outcome { transitions, action: Action::Silent(why) }
+#[derive(Debug)]
+pub struct Decision {
+    pub transitions: Vec<Transition>,
+    pub answer: Answer,
+}
+
+impl Decision {
+    fn silent(transitions: Vec<Transition>, why: Silence) -> Decision {
+        Decision { transitions, answer: Answer::Silent(why) }
     }
 }
 
@@ -96,7 +128,11 @@ fn locate(cfg: &Config, req: &Request, ing: &Ingress) -> Option<(SubnetId, Ipv4A
     } else {
         return None; // a direct broadcast on an interface we do not serve
     };
-    let server_id = if !m.giaddr().is_unspecified() && unicast_dst { Some(ing.local_dst) } else { iface_addr_in(subnet).or_else(fallback_id) };
+    let server_id = if !m.giaddr().is_unspecified() && unicast_dst {
+        Some(ing.local_dst)
+    } else {
+        iface_addr_in(subnet).or_else(fallback_id)
+    };
     Some((subnet, server_id?))
 }
 
@@ -104,107 +140,224 @@ fn is_ours(sid: Ipv4Addr, server_id: Ipv4Addr, ing: &Ingress) -> bool {
     sid == server_id || ing.iface_addrs.iter().any(|n| n.addr() == sid)
 }
 
+/// The server identifier for a reply about an address in `subnet`: our address in that subnet
+/// on the interface the request came in on, when we have one (a shared network may give the
+/// server an address in each subnet), else the one found for the request.
+fn server_id_in(cfg: &Config, req: &Request, ing: &Ingress, subnet: SubnetId, found: Ipv4Addr) -> Ipv4Addr {
+    if !req.msg.giaddr().is_unspecified() {
+        return found;
+    }
+    ing.iface_addrs.iter().map(Ipv4Net::addr).find(|a| cfg.subnets[subnet].contains(*a)).unwrap_or(found)
+}
+
 fn times(cfg: &Config, subnet: SubnetId) -> LeaseTimes {
     let s = &cfg.subnets[subnet];
     LeaseTimes { lease: s.lease_secs, renew: s.renew_secs, rebind: s.rebind_secs }
 }
 
-fn reply_to(cfg: &Config, req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4Addr, subnet: SubnetId, with_times: bool) -> Reply {
-    let t = with_times.then(|| times(cfg, subnet));
-    let bytes = reply::build(req, kind, yiaddr, server_id, Some(&cfg.subnets[subnet]), t);
+/// What a reply is about: the subnet of its address, the server identifier to use and the
+/// client's classes.
+#[derive(Clone, Copy)]
+struct About {
+    subnet: SubnetId,
+    server_id: Ipv4Addr,
+    classes: ClassSet,
+}
+
+fn reply_to(
+    cfg: &Config,
+    alloc: &Allocator,
+    req: &Request,
+    kind: MessageType,
+    yiaddr: Ipv4Addr,
+    about: About,
+    with_times: bool,
+) -> Reply {
+    let t = with_times.then(|| times(cfg, about.subnet));
+    // The options of the pool that holds the address (for INFORM, the client's own one).
+    let addr = if yiaddr.is_unspecified() { req.msg.ciaddr() } else { yiaddr };
+    let scope = Scope {
+        reservation: alloc
+            .reservation_in(about.subnet, &req.hw, req.client_id.as_deref())
+            .and_then(|r| cfg.reservations.get(r))
+            .map(|r| &r.options),
+        classes: about.classes,
+        all_classes: &cfg.classes,
+        pool: alloc.pool_of(addr).map(|p| &cfg.pools[p].options),
+        subnet: Some(&cfg.subnets[about.subnet].options),
+        global: &cfg.options,
+    };
+    let bytes = reply::build(req, kind, yiaddr, about.server_id, Some(&scope), t);
     Reply { kind, bytes, dest: reply::destination(req, kind, yiaddr), yiaddr }
 }
 
-fn nak(cfg: &Config, req: &Request, server_id: Ipv4Addr, subnet: SubnetId, transitions: Vec<Transition>) -> Outcome {
-    Outcome { transitions, action: Action::Reply { reply: reply_to(cfg, req, MessageType::Nak, Ipv4Addr::UNSPECIFIED, server_id, subnet, false), durable: false } }
+fn nak(cfg: &Config, alloc: &Allocator, req: &Request, about: About, refused: Refused) -> Decision {
+    let reply = reply_to(cfg, alloc, req, MessageType::Nak, Ipv4Addr::UNSPECIFIED, about, false);
+    Decision { transitions: vec![], answer: Answer::Nak { reply, refused } }
+}
+
+/// The classes of the client that sent `req`.
+fn classes_of(cfg: &Config, req: &Request, ing: &Ingress) -> ClassSet {
+    if cfg.classes.is_empty() {
+        return ClassSet::EMPTY;
+    }
+    classify(&cfg.classes, &Facts::of(req, ing))
 }
 
 /// Decides what to do with one request. `ping` says whether fresh addresses are probed first.
-pub fn handle(cfg: &Config, alloc: &mut Allocator, req: &Request, ing: &Ingress, now: UnixSecs, ping: bool) -> Outcome {
-    let Some((subnet, server_id)) = locate(cfg, req, ing) else { return Outcome::silent(vec![], Silence::NoSubnet) };
+pub fn handle(
+    cfg: &Config,
+    alloc: &mut Allocator,
+    req: &Request,
+    ing: &Ingress,
+    now: UnixSecs,
+    ping: bool,
+) -> Decision {
+    let Some((subnet, server_id)) = locate(cfg, req, ing) else { return Decision::silent(vec![], Silence::NoSubnet) };
+    let about = About { subnet, server_id, classes: classes_of(cfg, req, ing) };
     match req.kind {
-        MessageType::Discover => discover(cfg, alloc, req, ing, subnet, server_id, now, ping, 0),
-        MessageType::Request => request(cfg, alloc, req, ing, subnet, server_id, now),
+        MessageType::Discover => discover(cfg, alloc, req, ing, about, now, ping, 0),
+        MessageType::Request => request(cfg, alloc, req, ing, about, now),
         MessageType::Release => {
             if req.server_id.is_some_and(|s| !is_ours(s, server_id, ing)) {
-                return Outcome::silent(vec![], Silence::NotForUs);
+                return Decision::silent(vec![], Silence::NotForUs);
             }
             let t = alloc.release(req.msg.ciaddr(), &req.client, now);
-            Outcome::silent(t.into_iter().collect(), Silence::NoReplyExpected)
+            Decision::silent(t.into_iter().collect(), Silence::NoReplyExpected)
         }
         MessageType::Decline => {
             if req.server_id.is_some_and(|s| !is_ours(s, server_id, ing)) {
-                return Outcome::silent(vec![], Silence::NotForUs);
+                return Decision::silent(vec![], Silence::NotForUs);
             }
-            let Some(addr) = req.requested else { return Outcome::silent(vec![], Silence::Malformed("DECLINE without requested address")) };
-            let t = alloc.quarantine(addr, &req.client, now);
-            Outcome::silent(t.into_iter().collect(), Silence::NoReplyExpected)
+            let Some(addr) = req.requested else {
+                return Decision::silent(vec![], Silence::Malformed("DECLINE without requested address"));
+            };
+            let client = req.client.clone();
+            match alloc.decline(addr, &req.client, now) {
+                Decline::Quarantined(t) => Decision::silent(vec![t], Silence::Declined { addr, client }),
+                Decline::OverLimit => Decision::silent(vec![], Silence::DeclineIgnored { addr, client }),
+                Decline::NotHolder => Decision::silent(vec![], Silence::NoReplyExpected),
+            }
         }
         MessageType::Inform => {
-            // No lease, no yiaddr: configuration only, straight to ciaddr (or via the relay).
-            let r = reply_to(cfg, req, MessageType::Ack, Ipv4Addr::UNSPECIFIED, server_id, subnet, false);
+            // No lease, no yiaddr: configuration only, straight to ciaddr (or via the relay),
+            // with the options of the client's own subnet when it is in this network.
+            let ciaddr = req.msg.ciaddr();
+            let own = cfg.subnet_of(ciaddr).filter(|s| cfg.subnets[*s].network == cfg.subnets[subnet].network);
+            let about = match own {
+                Some(s) => About { subnet: s, server_id: server_id_in(cfg, req, ing, s, server_id), ..about },
+                None => about,
+            };
+            let r = reply_to(cfg, alloc, req, MessageType::Ack, Ipv4Addr::UNSPECIFIED, about, false);
             let dest = match r.dest {
                 Destination::Relay(_) => r.dest,
                 _ if !req.msg.ciaddr().is_unspecified() => Destination::Unicast(req.msg.ciaddr()),
                 _ => Destination::Broadcast,
             };
-            Outcome { transitions: vec![], action: Action::Reply { reply: Reply { dest, ..r }, durable: false } }
+            Decision { transitions: vec![], answer: Answer::Reply { reply: Reply { dest, ..r }, durable: false } }
         }
-        _ => Outcome::silent(vec![], Silence::Malformed("not a client message")),
+        _ => Decision::silent(vec![], Silence::Malformed("not a client message")),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn discover(cfg: &Config, alloc: &mut Allocator, req: &Request, ing: &Ingress, subnet: SubnetId, server_id: Ipv4Addr, now: UnixSecs, ping: bool, attempts: u8) -> Outcome {
-    let choice = alloc.choose(subnet, &req.client, &req.hw, req.client_id.as_deref(), req.requested, now);
+fn discover(
+    cfg: &Config,
+    alloc: &mut Allocator,
+    req: &Request,
+    ing: &Ingress,
+    about: About,
+    now: UnixSecs,
+    ping: bool,
+    attempts: u8,
+) -> Decision {
+    let choice = alloc.choose_for(
+        about.subnet,
+        about.classes,
+        &req.client,
+        &req.hw,
+        req.client_id.as_deref(),
+        req.requested,
+        now,
+    );
     let (addr, fresh, take_over) = match choice {
         Choice::Offer { addr, fresh, take_over } => (addr, fresh, take_over),
-        Choice::Exhausted => return Outcome::silent(vec![], Silence::PoolExhausted),
-        Choice::HeldOff { group, holder } => return Outcome::silent(vec![], Silence::AliasHeldOff { group, holder }),
-        Choice::ReservedUnavailable { addr } => return Outcome::silent(vec![], Silence::ReservedUnavailable(addr)),
+        Choice::Exhausted => return Decision::silent(vec![], Silence::PoolExhausted),
+        Choice::HeldOff { group, holder } => return Decision::silent(vec![], Silence::AliasHeldOff { group, holder }),
+        Choice::ReservedUnavailable { addr } => return Decision::silent(vec![], Silence::ReservedUnavailable(addr)),
     };
-    if alloc.binding(addr).is_some_and(|b| b.state == LeaseState::Probing && b.is_owned_by(&req.client) && b.expires > now) {
-        return Outcome::silent(vec![], Silence::ProbeInFlight); // a retransmission; the probe answers it
+    if alloc
+        .binding(addr)
+        .is_some_and(|b| b.state == LeaseState::Probing && b.is_owned_by(&req.client) && b.expires > now)
+    {
+        return Decision::silent(vec![], Silence::ProbeInFlight); // a retransmission; the probe answers it
     }
     if ping && fresh && !take_over {
         if attempts >= MAX_PROBES {
-            return Outcome::silent(vec![], Silence::ProbesExhausted);
+            return Decision::silent(vec![], Silence::ProbesExhausted);
         }
         let transitions = alloc.probe(addr, &req.client, &req.hw, now);
-        return Outcome { transitions, action: Action::Probe(PendingOffer { req: Box::new(req.clone()), ingress: ing.clone(), addr, attempts: attempts + 1 }) };
+        return Decision {
+            transitions,
+            answer: Answer::Probe(PendingOffer {
+                req: Box::new(req.clone()),
+                ingress: ing.clone(),
+                addr,
+                attempts: attempts + 1,
+            }),
+        };
     }
-    let transitions = if take_over { alloc.take_over(addr, &req.client, &req.hw, now) } else { alloc.offer(addr, &req.client, &req.hw, now) };
-    let reply = reply_to(cfg, req, MessageType::Offer, addr, server_id, subnet, true);
-    Outcome { transitions, action: Action::Reply { reply, durable: false } }
+    // An alias take-over is an ordinary offer: it abandons the current holder's binding, whose
+    // client is NAKed at its next renewal.
+    let transitions = alloc.offer(addr, &req.client, &req.hw, now);
+    let about = about_addr(cfg, alloc, req, ing, about, addr);
+    let reply = reply_to(cfg, alloc, req, MessageType::Offer, addr, about, true);
+    Decision { transitions, answer: Answer::Reply { reply, durable: false } }
+}
+
+/// `about`, moved to the subnet of `addr` (another subnet of a shared network).
+fn about_addr(cfg: &Config, alloc: &Allocator, req: &Request, ing: &Ingress, about: About, addr: Ipv4Addr) -> About {
+    match alloc.subnet_of(addr).or_else(|| cfg.subnet_of(addr)) {
+        Some(s) if s != about.subnet => {
+            About { subnet: s, server_id: server_id_in(cfg, req, ing, s, about.server_id), ..about }
+        }
+        _ => about,
+    }
 }
 
 /// Continues a DISCOVER once the probe of `p.addr` is done.
-pub fn after_probe(cfg: &Config, alloc: &mut Allocator, p: PendingOffer, answered: bool, now: UnixSecs) -> Outcome {
-    let Some((subnet, server_id)) = locate(cfg, &p.req, &p.ingress) else { return Outcome::silent(vec![], Silence::NoSubnet) };
-    let still_ours = alloc.binding(p.addr).is_some_and(|b| b.state == LeaseState::Probing && b.is_owned_by(&p.req.client));
+pub fn after_probe(cfg: &Config, alloc: &mut Allocator, p: PendingOffer, answered: bool, now: UnixSecs) -> Decision {
+    let Some((subnet, server_id)) = locate(cfg, &p.req, &p.ingress) else {
+        return Decision::silent(vec![], Silence::NoSubnet);
+    };
+    let about = About { subnet, server_id, classes: classes_of(cfg, &p.req, &p.ingress) };
+    let still_ours =
+        alloc.binding(p.addr).is_some_and(|b| b.state == LeaseState::Probing && b.is_owned_by(&p.req.client));
     if !still_ours {
         // The reaper or another request got there first; start over.
-        return discover(cfg, alloc, &p.req, &p.ingress, subnet, server_id, now, true, p.attempts);
+        return discover(cfg, alloc, &p.req, &p.ingress, about, now, true, p.attempts);
     }
     if answered {
         // Someone uses the address without a lease: quarantine it and try another.
         let mut transitions: Vec<Transition> = alloc.quarantine(p.addr, &p.req.client, now).into_iter().collect();
-        let next = discover(cfg, alloc, &p.req, &p.ingress, subnet, server_id, now, true, p.attempts);
+        let next = discover(cfg, alloc, &p.req, &p.ingress, about, now, true, p.attempts);
         transitions.extend(next.transitions);
-        return Outcome { transitions, action: next.action };
+        return Decision { transitions, answer: next.answer };
     }
     let transitions = alloc.offer(p.addr, &p.req.client, &p.req.hw, now);
-    let reply = reply_to(cfg, &p.req, MessageType::Offer, p.addr, server_id, subnet, true);
-    Outcome { transitions, action: Action::Reply { reply, durable: false } }
+    let about = about_addr(cfg, alloc, &p.req, &p.ingress, about, p.addr);
+    let reply = reply_to(cfg, alloc, &p.req, MessageType::Offer, p.addr, about, true);
+    Decision { transitions, answer: Answer::Reply { reply, durable: false } }
 }
 
-fn request(cfg: &Config, alloc: &mut Allocator, req: &Request, ing: &Ingress, subnet: SubnetId, server_id: Ipv4Addr, now: UnixSecs) -> Outcome {
+fn request(cfg: &Config, alloc: &mut Allocator, req: &Request, ing: &Ingress, about: About, now: UnixSecs) -> Decision {
+    let (subnet, server_id) = (about.subnet, about.server_id);
     let ciaddr = req.msg.ciaddr();
     let addr = match (req.server_id, req.requested, ciaddr.is_unspecified()) {
         // SELECTING: the client names the server it chose.
         (Some(sid), _, _) if !is_ours(sid, server_id, ing) => {
             let t = alloc.withdraw_offer(subnet, &req.client, now);
-            return Outcome::silent(t.into_iter().collect(), Silence::OtherServerChosen);
+            return Decision::silent(t.into_iter().collect(), Silence::OtherServerChosen);
         }
         (Some(_), Some(a), _) => a,
         (Some(_), None, false) => ciaddr,
@@ -212,22 +365,32 @@ fn request(cfg: &Config, alloc: &mut Allocator, req: &Request, ing: &Ingress, su
         (None, Some(a), true) => a,
         // RENEWING (unicast) / REBINDING (broadcast): ciaddr is the address.
         (None, _, false) => ciaddr,
-        _ => return Outcome::silent(vec![], Silence::Malformed("REQUEST without an address")),
+        _ => return Decision::silent(vec![], Silence::Malformed("REQUEST without an address")),
     };
-    if !cfg.subnets[subnet].contains(addr) {
-        return nak(cfg, req, server_id, subnet, vec![]); // the client moved to another network
-    }
+    let network = cfg.subnets[subnet].network;
+    let Some(own) = cfg.subnet_of(addr).filter(|s| cfg.subnets[*s].network == network) else {
+        let reason = "address not in the client's subnet (it moved)";
+        return nak(cfg, alloc, req, about, Refused { addr, reason });
+    };
     // A host with a reservation here must use it.
     if alloc.reserved_ip_for(subnet, &req.hw, req.client_id.as_deref()).is_some_and(|ip| ip != addr) {
-        return nak(cfg, req, server_id, subnet, vec![]);
+        let reason = "the client has a reservation for another address";
+        return nak(cfg, alloc, req, about, Refused { addr, reason });
+    }
+    // An address from a pool the client's classes may not use (a laptop asking for an address
+    // of the phones' pool it held before, say) is refused like one held by someone else.
+    if !alloc.pool_admits(addr, about.classes) {
+        let reason = "address in a pool the client's classes may not use";
+        return nak(cfg, alloc, req, about, Refused { addr, reason });
     }
     match alloc.may_lease(addr, &req.client, &req.hw, req.client_id.as_deref(), now) {
         Ok(()) => {
-            let lease_secs = cfg.subnets[subnet].lease_secs;
+            let about = About { subnet: own, server_id: server_id_in(cfg, req, ing, own, server_id), ..about };
+            let lease_secs = cfg.subnets[own].lease_secs;
             let transitions = alloc.lease(addr, &req.client, &req.hw, req.hostname.as_deref(), lease_secs, now);
-            let reply = reply_to(cfg, req, MessageType::Ack, addr, server_id, subnet, true);
-            Outcome { transitions, action: Action::Reply { reply, durable: true } }
+            let reply = reply_to(cfg, alloc, req, MessageType::Ack, addr, about, true);
+            Decision { transitions, answer: Answer::Reply { reply, durable: true } }
         }
-        Err(_) => nak(cfg, req, server_id, subnet, vec![]),
+        Err(why) => nak(cfg, alloc, req, about, Refused { addr, reason: why.reason() }),
     }
 }

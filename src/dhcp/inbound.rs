@@ -74,7 +74,14 @@ pub fn parse(bytes: &[u8]) -> Result<Request, Rejected> {
     }
     let opts = msg.opts();
     let kind = opts.msg_type().ok_or(Rejected::NoMessageType)?;
-    if !matches!(kind, MessageType::Discover | MessageType::Request | MessageType::Decline | MessageType::Release | MessageType::Inform) {
+    if !matches!(
+        kind,
+        MessageType::Discover
+            | MessageType::Request
+            | MessageType::Decline
+            | MessageType::Release
+            | MessageType::Inform
+    ) {
         return Err(Rejected::NotClientMessage(kind));
     }
     let hw = msg.chaddr().to_vec();
@@ -96,7 +103,9 @@ pub fn parse(bytes: &[u8]) -> Result<Request, Rejected> {
         _ => None,
     };
     let hostname = match opts.get(OptionCode::Hostname) {
-        Some(DhcpOption::Hostname(h)) => Some(h.chars().filter(|c| c.is_ascii_graphic()).take(63).collect::<String>()).filter(|h| !h.is_empty()),
+        Some(DhcpOption::Hostname(h)) => {
+            Some(h.chars().filter(|c| c.is_ascii_graphic()).take(63).collect::<String>()).filter(|h| !h.is_empty())
+        }
         _ => None,
     };
     let max_reply = match opts.get(OptionCode::MaxMessageSize) {

@@ -3,11 +3,11 @@
 
 use std::net::Ipv4Addr;
 
-use dhcproto::v4::{DhcpOption, DhcpOptions, HType, MessageType, OptionCode};
-use dhcproto::{Encodable, Encoder};
+use dhcproto::v4::{DhcpOption, HType, MessageType, OptionCode};
 
+use super::encode;
 use super::inbound::Request;
-use crate::config::Subnet;
+use crate::config::{Class, ClassSet, OptionSet, OptionValue};
 
 /// Where a reply is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,89 +53,156 @@ pub struct LeaseTimes {
     pub rebind: u32,
 }
 
-/// The options we can supply for `subnet`, by code.
-fn subnet_option(code: OptionCode, s: &Subnet) -> Option<DhcpOption> {
-    Some(match code {
-        OptionCode::SubnetMask => DhcpOption::SubnetMask(s.net.netmask()),
-        OptionCode::Router if !s.routers.is_empty() => DhcpOption::Router(s.routers.clone()),
-        OptionCode::DomainNameServer if !s.dns_servers.is_empty() => DhcpOption::DomainNameServer(s.dns_servers.clone()),
-        OptionCode::DomainName => DhcpOption::DomainName(s.domain_name.clone()?),
-        OptionCode::BroadcastAddr => DhcpOption::BroadcastAddr(s.net.broadcast()),
-        OptionCode::NtpServers if !s.ntp_servers.is_empty() => DhcpOption::NtpServers(s.ntp_servers.clone()),
-        _ => return None,
-    })
+/// The options that apply to one reply, most specific level first: the client's reservation,
+/// its classes (in file order), the pool of its address, the subnet, then the global ones.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    pub reservation: Option<&'a OptionSet>,
+    pub classes: ClassSet,
+    pub all_classes: &'a [Class],
+    pub pool: Option<&'a OptionSet>,
+    pub subnet: Option<&'a OptionSet>,
+    pub global: &'a OptionSet,
+}
+
+impl<'a> Scope<'a> {
+    /// The levels, most specific first.
+    pub fn levels(&self) -> impl Iterator<Item = &'a OptionSet> + 'a {
+        let (classes, all) = (self.classes, self.all_classes);
+        self.reservation
+            .into_iter()
+            .chain(classes.iter().filter_map(move |i| all.get(i).map(|c| &c.options)))
+            .chain(self.pool)
+            .chain(self.subnet)
+            .chain(std::iter::once(self.global))
+    }
+
+    /// The value of `code` from the most specific level that sets it.
+    pub fn get(&self, code: u8) -> Option<&'a OptionValue> {
+        self.levels().find_map(|l| l.get(code))
+    }
+
+    /// Option 125's data: for each enterprise, the block of the most specific level that has
+    /// one (RFC 3925 §4: enterprise number, length, sub-options), in order of appearance.
+    fn vendor_identifying(&self) -> Vec<u8> {
+        let mut seen: Vec<u32> = Vec::new();
+        let mut out = Vec::new();
+        for level in self.levels() {
+            for b in level.vendor_blocks() {
+                let Some(e) = b.enterprise else { continue };
+                if seen.contains(&e) {
+                    continue;
+                }
+                seen.push(e);
+                out.extend_from_slice(&e.to_be_bytes());
+                out.push(b.data.len() as u8);
+                out.extend_from_slice(&b.data);
+            }
+        }
+        out
+    }
+
+    fn header<T>(&self, field: impl Fn(&'a OptionSet) -> Option<T>) -> Option<T> {
+        self.levels().find_map(field)
+    }
 }
 
 /// What we send when the client gives no parameter request list.
-const DEFAULT_PARAMS: [OptionCode; 6] = [
-    OptionCode::SubnetMask,
-    OptionCode::Router,
-    OptionCode::DomainNameServer,
-    OptionCode::DomainName,
-    OptionCode::BroadcastAddr,
-    OptionCode::NtpServers,
-];
+const DEFAULT_PARAMS: [u8; 6] = [1, 3, 6, 15, 28, 42];
 
-/// Encoded size of one option (code, length, data). Computed for the options we send; the
-/// rare others are measured by encoding them.
-fn encoded_len(opt: &DhcpOption) -> usize {
-    let data = match opt {
-        DhcpOption::SubnetMask(_) | DhcpOption::BroadcastAddr(_) | DhcpOption::ServerIdentifier(_) => 4,
-        DhcpOption::AddressLeaseTime(_) | DhcpOption::Renewal(_) | DhcpOption::Rebinding(_) => 4,
-        DhcpOption::MessageType(_) => 1,
-        DhcpOption::Router(v) | DhcpOption::DomainNameServer(v) | DhcpOption::NtpServers(v) => 4 * v.len(),
-        DhcpOption::DomainName(n) => n.len(),
-        DhcpOption::ClientIdentifier(id) => id.len(),
-        other => {
-            let mut buf = Vec::new();
-            let _ = other.encode(&mut Encoder::new(&mut buf));
-            return buf.len();
-        }
-    };
-    // Options longer than 255 bytes are split into several (RFC 3396), each with its own header.
-    data + 2 * data.div_ceil(255).max(1)
+/// Options written by the reply itself, never looked up in the configuration.
+fn written_here(code: u8) -> bool {
+    matches!(code, 0 | 51 | 52 | 53 | 54 | 58 | 59 | 61 | 82 | 255)
 }
 
-/// Builds a reply of `kind` to `req`. The fixed BOOTP header is written here; dhcproto encodes
-/// the options.
-pub fn build(req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4Addr, subnet: Option<&Subnet>, times: Option<LeaseTimes>) -> Vec<u8> {
-    let r = &req.msg;
-    let mut opts = DhcpOptions::new();
-    opts.insert(DhcpOption::MessageType(kind));
-    opts.insert(DhcpOption::ServerIdentifier(server_id));
+/// The options every reply carries, in this order: message type, server identifier, lease
+/// times (OFFER and ACK) and the client identifier echoed (RFC 6842).
+fn fixed_options(req: &Request, kind: MessageType, server_id: Ipv4Addr, times: Option<LeaseTimes>) -> Vec<u8> {
+    let mut fixed = Vec::with_capacity(64);
+    encode::put(&mut fixed, 53, &[u8::from(kind)]);
+    encode::put(&mut fixed, 54, &server_id.octets());
     if let Some(t) = times {
-        opts.insert(DhcpOption::AddressLeaseTime(t.lease));
-        opts.insert(DhcpOption::Renewal(t.renew));
-        opts.insert(DhcpOption::Rebinding(t.rebind));
+        encode::put(&mut fixed, 51, &t.lease.to_be_bytes());
+        encode::put(&mut fixed, 58, &t.renew.to_be_bytes());
+        encode::put(&mut fixed, 59, &t.rebind.to_be_bytes());
     }
     if let Some(id) = &req.client_id {
-        opts.insert(DhcpOption::ClientIdentifier(id.clone())); // RFC 6842
+        encode::put(&mut fixed, 61, id);
     }
+    fixed
+}
 
-    // Fixed header (236) + cookie (4) + what is in so far + End (1) + option 82 echo.
-    let mut size = 240 + 1 + req.relay_info.as_ref().map_or(0, Vec::len);
-    size += opts.iter().map(|(_, o)| encoded_len(o)).sum::<usize>();
-    if kind != MessageType::Nak
-        && let Some(s) = subnet
-    {
-        let requested: &[OptionCode] = match r.opts().get(OptionCode::ParameterRequestList) {
-            Some(DhcpOption::ParameterRequestList(list)) => list,
-            _ => &DEFAULT_PARAMS,
-        };
-        // The client's order is its priority: fill in that order, skip what does not fit.
-        for &code in requested {
-            if opts.get(code).is_some() {
-                continue;
+/// The configured options to offer, highest priority first: those the client asks for in its
+/// order (the defaults without a list), then the always-send ones, each code once. `vivso`
+/// holds option 125's joined blocks when it is wanted.
+fn wanted<'a>(req: &Request, s: &Scope<'a>, vivso: &'a mut Vec<u8>) -> Vec<(u8, &'a [u8])> {
+    let requested: &[OptionCode] = match req.msg.opts().get(OptionCode::ParameterRequestList) {
+        Some(DhcpOption::ParameterRequestList(list)) => list,
+        _ => &[],
+    };
+    let defaults = DEFAULT_PARAMS.iter().copied().filter(|_| requested.is_empty());
+    let asked = requested.iter().map(|c| u8::from(*c)).chain(defaults);
+    let always = s.levels().flat_map(|l| l.iter()).filter(|o| o.always_send).map(|o| o.code);
+    if asked.clone().any(|c| c == 125) || s.levels().any(|l| l.vendor_blocks().iter().any(|b| b.always_send)) {
+        *vivso = s.vendor_identifying();
+    }
+    let vivso: &'a [u8] = vivso;
+    let mut items = Vec::new();
+    let mut sent = [0u64; 4];
+    for code in asked.chain(always) {
+        let bit = 1u64 << (code % 64);
+        if written_here(code) || sent[usize::from(code / 64)] & bit != 0 {
+            continue;
+        }
+        sent[usize::from(code / 64)] |= bit;
+        if code == 125 {
+            if !vivso.is_empty() {
+                items.push((125, vivso));
             }
-            if let Some(opt) = subnet_option(code, s) {
-                let len = encoded_len(&opt);
-                if size + len <= req.max_reply {
-                    size += len;
-                    opts.insert(opt);
-                }
-            }
+        } else if let Some(v) = s.get(code) {
+            items.push((code, &v.data[..]));
         }
     }
+    items
+}
+
+/// Writes `text` (cut to fit, NUL-padded) or the overloaded options into a header field.
+fn header_field(out: &mut Vec<u8>, overloaded: Option<&[u8]>, text: Option<&str>, len: usize) {
+    let start = out.len();
+    match (overloaded, text) {
+        (Some(bytes), _) => out.extend_from_slice(bytes),
+        (None, Some(t)) => out.extend_from_slice(&t.as_bytes()[..t.len().min(len - 1)]),
+        (None, None) => {}
+    }
+    out.resize(start + len, 0);
+}
+
+/// Builds a reply of `kind` to `req`: the fixed BOOTP header, the options the reply always
+/// carries, then from `scope` the options the client asked for (in its order of priority)
+/// and those configured with `always_send`, within the client's size limit.
+pub fn build(
+    req: &Request,
+    kind: MessageType,
+    yiaddr: Ipv4Addr,
+    server_id: Ipv4Addr,
+    scope: Option<&Scope>,
+    times: Option<LeaseTimes>,
+) -> Vec<u8> {
+    let r = &req.msg;
+    let fixed = fixed_options(req, kind, server_id, times);
+    let relay = req.relay_info.as_deref().unwrap_or(&[]);
+    let scope = scope.filter(|_| kind != MessageType::Nak);
+    let (next_server, boot_file, server_name) = match scope {
+        Some(s) => {
+            (s.header(|l| l.next_server), s.header(|l| l.boot_file.as_deref()), s.header(|l| l.server_name.as_deref()))
+        }
+        None => (None, None, None),
+    };
+    let mut vivso = Vec::new();
+    let items = scope.map(|s| wanted(req, s, &mut vivso)).unwrap_or_default();
+    // Fixed header (236) + cookie (4) + fixed options + relay's option 82 + End (1).
+    let room = req.max_reply.saturating_sub(240 + fixed.len() + relay.len() + 1);
+    let packed = encode::pack(&items, room, boot_file.is_none(), server_name.is_none());
 
     let mut flags = u16::from(r.flags());
     if kind == MessageType::Nak && !r.giaddr().is_unspecified() {
@@ -143,29 +210,26 @@ pub fn build(req: &Request, kind: MessageType, yiaddr: Ipv4Addr, server_id: Ipv4
     }
     // ciaddr is echoed only in an ACK to a client that already has its address.
     let ciaddr = if kind == MessageType::Ack { r.ciaddr() } else { Ipv4Addr::UNSPECIFIED };
-    let mut out = Vec::with_capacity(size.max(300) + 8);
+    let siaddr = next_server.unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let mut out = Vec::with_capacity(300.max(240 + fixed.len() + packed.main.len() + relay.len() + 1));
     out.extend_from_slice(&[2, u8::from(r.htype()), req.hw.len() as u8, 0]);
     out.extend_from_slice(&r.xid().to_be_bytes());
     out.extend_from_slice(&[0, 0]); // secs
     out.extend_from_slice(&flags.to_be_bytes());
-    for a in [ciaddr, yiaddr, Ipv4Addr::UNSPECIFIED, r.giaddr()] {
+    for a in [ciaddr, yiaddr, siaddr, r.giaddr()] {
         out.extend_from_slice(&a.octets());
     }
     let mut chaddr = [0u8; 16];
     chaddr[..req.hw.len()].copy_from_slice(&req.hw);
     out.extend_from_slice(&chaddr);
-    out.resize(236, 0); // sname and file: empty
+    header_field(&mut out, packed.sname.as_ref().map(|a| &a[..]), server_name, encode::SNAME_LEN);
+    header_field(&mut out, packed.file.as_ref().map(|a| &a[..]), boot_file, encode::FILE_LEN);
     out.extend_from_slice(&[99, 130, 83, 99]);
-    // dhcproto's Encoder writes from the start of its buffer, so the options get their own.
-    let mut encoded = Vec::with_capacity(size);
-    opts.encode(&mut Encoder::new(&mut encoded)).expect("encoding into a Vec cannot fail");
-    out.extend_from_slice(&encoded);
-    if let Some(raw82) = &req.relay_info {
-        // dhcproto ends with End (255); put the relay's option 82 back verbatim just before it.
-        out.pop();
-        out.extend_from_slice(raw82);
-        out.push(255);
-    }
+    out.extend_from_slice(&fixed);
+    out.extend_from_slice(&packed.main);
+    // The relay's option 82 goes back verbatim, last before End.
+    out.extend_from_slice(relay);
+    out.push(255);
     // Some relays and clients drop BOOTP messages shorter than 300 bytes.
     if out.len() < 300 {
         out.resize(300, 0);

@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, OptionCode};
+use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use proptest::prelude::*;
 
@@ -25,58 +25,28 @@ fn config(extra: &str) -> Config {
     Config::parse(Path::new("t.toml"), &text, &LocalAddrs::default()).unwrap()
 }
 
-fn lan() -> Ingress {
-    Ingress { iface_addrs: vec!["198.18.0.1/24".parse().unwrap()], local_dst: Ipv4Addr::BROADCAST, served: true }
-}
-
-use crate::testkit::mac;
-
-struct Msg(Message);
-
-impl Msg {
-    fn new(kind: MessageType, n: u8) -> Msg {
-        let mut m = Message::new_with_id(0x1234_5600 + u32::from(n), Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, &mac(n));
-        m.opts_mut().insert(DhcpOption::MessageType(kind));
-        Msg(m)
-    }
-    fn opt(mut self, o: DhcpOption) -> Msg {
-        self.0.opts_mut().insert(o);
-        self
-    }
-    fn ciaddr(mut self, a: Ipv4Addr) -> Msg {
-        self.0.set_ciaddr(a);
-        self
-    }
-    fn giaddr(mut self, a: Ipv4Addr) -> Msg {
-        self.0.set_giaddr(a);
-        self
-    }
-    fn broadcast(mut self) -> Msg {
-        self.0.set_flags(Flags::default().set_broadcast());
-        self
-    }
-    fn bytes(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        self.0.encode(&mut Encoder::new(&mut v)).unwrap();
-        v
-    }
-    fn req(&self) -> Request {
-        parse(&self.bytes()).unwrap()
-    }
-}
+use crate::testkit::{Msg, lan, mac};
 
 fn decoded(r: &Reply) -> Message {
     Message::decode(&mut Decoder::new(&r.bytes)).unwrap()
 }
 
-fn reply(o: &Outcome) -> &Reply {
-    match &o.action {
-        Action::Reply { reply, .. } => reply,
+fn reply(o: &Decision) -> &Reply {
+    match &o.answer {
+        Answer::Reply { reply, .. } | Answer::Nak { reply, .. } => reply,
         other => panic!("expected a reply, got {other:?}"),
     }
 }
 
-fn kind(o: &Outcome) -> MessageType {
+/// Why a NAK was sent.
+fn refused(o: &Decision) -> Refused {
+    match &o.answer {
+        Answer::Nak { refused, .. } => *refused,
+        other => panic!("expected a NAK, got {other:?}"),
+    }
+}
+
+fn kind(o: &Decision) -> MessageType {
     decoded(reply(o)).opts().msg_type().unwrap()
 }
 
@@ -92,13 +62,17 @@ impl Lab {
         let alloc = Allocator::new(&cfg);
         Lab { cfg, alloc, now: 1_000_000 }
     }
-    fn send(&mut self, m: &Msg) -> Outcome {
+    fn send(&mut self, m: &Msg) -> Decision {
         handle(&self.cfg, &mut self.alloc, &m.req(), &lan(), self.now, false)
     }
     fn dora(&mut self, n: u8) -> Ipv4Addr {
         let offer = self.send(&Msg::new(MessageType::Discover, n));
         let addr = reply(&offer).yiaddr;
-        let ack = self.send(&Msg::new(MessageType::Request, n).opt(DhcpOption::ServerIdentifier(SERVER)).opt(DhcpOption::RequestedIpAddress(addr)));
+        let ack = self.send(
+            &Msg::new(MessageType::Request, n)
+                .opt(DhcpOption::ServerIdentifier(SERVER))
+                .opt(DhcpOption::RequestedIpAddress(addr)),
+        );
         assert_eq!(kind(&ack), MessageType::Ack);
         addr
     }
@@ -109,7 +83,7 @@ fn dora_gives_a_lease_with_the_configured_options() {
     let mut lab = Lab::new("");
     let offer = lab.send(&Msg::new(MessageType::Discover, 10).opt(DhcpOption::Hostname("pc10".into())));
     let r = reply(&offer);
-    assert!(matches!(offer.action, Action::Reply { durable: false, .. }), "an offer need not wait for the disk");
+    assert!(matches!(offer.answer, Answer::Reply { durable: false, .. }), "an offer need not wait for the disk");
     let m = decoded(r);
     assert_eq!(m.opts().msg_type(), Some(MessageType::Offer));
     assert_eq!(m.yiaddr(), Ipv4Addr::new(198, 18, 0, 100));
@@ -119,13 +93,21 @@ fn dora_gives_a_lease_with_the_configured_options() {
     assert_eq!(m.opts().get(OptionCode::Renewal), Some(&DhcpOption::Renewal(1800)));
     assert_eq!(m.opts().get(OptionCode::Rebinding), Some(&DhcpOption::Rebinding(3150)));
     assert_eq!(m.opts().get(OptionCode::SubnetMask), Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0))));
-    assert_eq!(m.opts().get(OptionCode::BroadcastAddr), Some(&DhcpOption::BroadcastAddr(Ipv4Addr::new(198, 18, 0, 255))));
+    assert_eq!(
+        m.opts().get(OptionCode::BroadcastAddr),
+        Some(&DhcpOption::BroadcastAddr(Ipv4Addr::new(198, 18, 0, 255)))
+    );
     assert_eq!(m.opts().get(OptionCode::DomainName), Some(&DhcpOption::DomainName("branch.example".into())));
     assert!(r.bytes.len() >= 300);
     assert_eq!(r.dest, Destination::Hardware { addr: m.yiaddr(), hw: mac(10) });
 
-    let ack = lab.send(&Msg::new(MessageType::Request, 10).opt(DhcpOption::ServerIdentifier(SERVER)).opt(DhcpOption::RequestedIpAddress(m.yiaddr())).opt(DhcpOption::Hostname("pc10".into())));
-    assert!(matches!(ack.action, Action::Reply { durable: true, .. }), "an ACK waits for the lease to be durable");
+    let ack = lab.send(
+        &Msg::new(MessageType::Request, 10)
+            .opt(DhcpOption::ServerIdentifier(SERVER))
+            .opt(DhcpOption::RequestedIpAddress(m.yiaddr()))
+            .opt(DhcpOption::Hostname("pc10".into())),
+    );
+    assert!(matches!(ack.answer, Answer::Reply { durable: true, .. }), "an ACK waits for the lease to be durable");
     assert_eq!(kind(&ack), MessageType::Ack);
     let t = ack.transitions.last().unwrap();
     assert_eq!(t.new.state, LeaseState::Leased);
@@ -143,9 +125,15 @@ fn parameter_request_list_order_decides_what_fits() {
     );
     let cfg = Config::parse(Path::new("t.toml"), &text, &LocalAddrs::default()).unwrap();
     let ing = lan();
-    for (first, second) in [(OptionCode::NtpServers, OptionCode::DomainNameServer), (OptionCode::DomainNameServer, OptionCode::NtpServers)] {
+    for (first, second) in
+        [(OptionCode::NtpServers, OptionCode::DomainNameServer), (OptionCode::DomainNameServer, OptionCode::NtpServers)]
+    {
         let mut alloc = Allocator::new(&cfg);
-        let m = Msg::new(MessageType::Discover, 3).opt(DhcpOption::ParameterRequestList(vec![first, second, OptionCode::SubnetMask]));
+        let m = Msg::new(MessageType::Discover, 3).opt(DhcpOption::ParameterRequestList(vec![
+            first,
+            second,
+            OptionCode::SubnetMask,
+        ]));
         let o = handle(&cfg, &mut alloc, &m.req(), &ing, 1, false);
         let r = decoded(reply(&o));
         assert!(r.opts().get(first).is_some(), "{first:?} was asked for first");
@@ -155,7 +143,9 @@ fn parameter_request_list_order_decides_what_fits() {
     }
     // A client that accepts 1500-byte messages gets both.
     let mut alloc = Allocator::new(&cfg);
-    let m = Msg::new(MessageType::Discover, 3).opt(DhcpOption::ParameterRequestList(vec![OptionCode::NtpServers, OptionCode::DomainNameServer])).opt(DhcpOption::MaxMessageSize(1500));
+    let m = Msg::new(MessageType::Discover, 3)
+        .opt(DhcpOption::ParameterRequestList(vec![OptionCode::NtpServers, OptionCode::DomainNameServer]))
+        .opt(DhcpOption::MaxMessageSize(1500));
     let r = decoded(reply(&handle(&cfg, &mut alloc, &m.req(), &ing, 1, false)));
     assert!(r.opts().get(OptionCode::NtpServers).is_some() && r.opts().get(OptionCode::DomainNameServer).is_some());
 }
@@ -185,11 +175,14 @@ fn init_reboot_is_acked_for_its_own_address_and_naked_elsewhere() {
     // Someone else's address.
     let other = lab.send(&Msg::new(MessageType::Request, 11).opt(DhcpOption::RequestedIpAddress(addr)));
     assert_eq!(kind(&other), MessageType::Nak);
+    assert_eq!(refused(&other), Refused { addr, reason: "address leased to another client" });
     assert_eq!(reply(&other).dest, Destination::Broadcast);
     assert!(lab.alloc.binding(addr).unwrap().is_owned_by(&Msg::new(MessageType::Request, 10).req().client));
     // An address from the network the client came from.
-    let moved = lab.send(&Msg::new(MessageType::Request, 12).opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 8, 15))));
+    let moved = lab
+        .send(&Msg::new(MessageType::Request, 12).opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 8, 15))));
     assert_eq!(kind(&moved), MessageType::Nak);
+    assert_eq!(refused(&moved).reason, "address not in the client's subnet (it moved)");
 }
 
 #[test]
@@ -207,8 +200,12 @@ fn selecting_another_server_withdraws_our_offer() {
     let mut lab = Lab::new("");
     let offer = lab.send(&Msg::new(MessageType::Discover, 10));
     let addr = reply(&offer).yiaddr;
-    let o = lab.send(&Msg::new(MessageType::Request, 10).opt(DhcpOption::ServerIdentifier(Ipv4Addr::new(198, 18, 0, 9))).opt(DhcpOption::RequestedIpAddress(addr)));
-    assert!(matches!(o.action, Action::Silent(Silence::OtherServerChosen)));
+    let o = lab.send(
+        &Msg::new(MessageType::Request, 10)
+            .opt(DhcpOption::ServerIdentifier(Ipv4Addr::new(198, 18, 0, 9)))
+            .opt(DhcpOption::RequestedIpAddress(addr)),
+    );
+    assert!(matches!(o.answer, Answer::Silent(Silence::OtherServerChosen)));
     assert_eq!(lab.alloc.binding(addr).unwrap().state, LeaseState::Free);
 }
 
@@ -220,7 +217,7 @@ fn release_frees_only_the_owners_address() {
     assert!(foreign.transitions.is_empty());
     assert_eq!(lab.alloc.binding(addr).unwrap().state, LeaseState::Leased);
     let own = lab.send(&Msg::new(MessageType::Release, 10).ciaddr(addr).opt(DhcpOption::ServerIdentifier(SERVER)));
-    assert!(matches!(own.action, Action::Silent(Silence::NoReplyExpected)));
+    assert!(matches!(own.answer, Answer::Silent(Silence::NoReplyExpected)));
     assert_eq!(lab.alloc.binding(addr).unwrap().state, LeaseState::Free);
 }
 
@@ -228,7 +225,11 @@ fn release_frees_only_the_owners_address() {
 fn decline_quarantines_and_the_client_gets_another_address() {
     let mut lab = Lab::new("");
     let addr = lab.dora(10);
-    lab.send(&Msg::new(MessageType::Decline, 10).opt(DhcpOption::RequestedIpAddress(addr)).opt(DhcpOption::ServerIdentifier(SERVER)));
+    lab.send(
+        &Msg::new(MessageType::Decline, 10)
+            .opt(DhcpOption::RequestedIpAddress(addr))
+            .opt(DhcpOption::ServerIdentifier(SERVER)),
+    );
     let b = lab.alloc.binding(addr).unwrap();
     assert_eq!((b.state, b.expires), (LeaseState::Declined, lab.now + 600));
     assert_ne!(lab.dora(10), addr);
@@ -260,7 +261,12 @@ fn relayed_requests_use_the_giaddr_subnet_and_echo_option_82() {
     bytes.extend_from_slice(&raw82);
     bytes.push(255);
     let req = parse(&bytes).unwrap();
-    let ing = Ingress { iface_addrs: vec!["198.18.0.1/24".parse().unwrap()], local_dst: SERVER, served: false };
+    let ing = Ingress {
+        iface_addrs: vec!["198.18.0.1/24".parse().unwrap()],
+        local_dst: SERVER,
+        served: false,
+        interface: None,
+    };
     let o = handle(&lab.cfg, &mut lab.alloc, &req, &ing, lab.now, false);
     let r = reply(&o);
     assert_eq!(r.dest, Destination::Relay(relay));
@@ -272,7 +278,17 @@ fn relayed_requests_use_the_giaddr_subnet_and_echo_option_82() {
     let pos = r.bytes.windows(raw82.len()).position(|w| w == raw82).expect("option 82 echoed byte for byte");
     assert_eq!(r.bytes[pos + raw82.len()], 255, "option 82 is the last option");
     // A relayed NAK asks the relay to broadcast.
-    let nak = handle(&lab.cfg, &mut lab.alloc, &Msg::new(MessageType::Request, 11).giaddr(relay).opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 0, 100))).req(), &ing, lab.now, false);
+    let nak = handle(
+        &lab.cfg,
+        &mut lab.alloc,
+        &Msg::new(MessageType::Request, 11)
+            .giaddr(relay)
+            .opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 0, 100)))
+            .req(),
+        &ing,
+        lab.now,
+        false,
+    );
     assert_eq!(kind(&nak), MessageType::Nak);
     assert!(decoded(reply(&nak)).flags().broadcast());
 }
@@ -284,9 +300,9 @@ fn cfg_subnet(cfg: &Config, i: usize) -> &crate::config::Subnet {
 #[test]
 fn direct_broadcast_on_an_unserved_interface_is_ignored() {
     let mut lab = Lab::new("");
-    let ing = Ingress { served: false, ..lan() };
+    let ing = Ingress { served: false, interface: None, ..lan() };
     let o = handle(&lab.cfg, &mut lab.alloc, &Msg::new(MessageType::Discover, 10).req(), &ing, lab.now, false);
-    assert!(matches!(o.action, Action::Silent(Silence::NoSubnet)));
+    assert!(matches!(o.answer, Answer::Silent(Silence::NoSubnet)));
 }
 
 #[test]
@@ -301,22 +317,26 @@ fn a_probe_precedes_a_fresh_offer_and_an_answer_moves_on() {
     let mut lab = Lab::new("");
     let req = Msg::new(MessageType::Discover, 10).req();
     let o = handle(&lab.cfg, &mut lab.alloc, &req, &lan(), lab.now, true);
-    let Action::Probe(p) = o.action else { panic!("expected a probe") };
+    let Answer::Probe(p) = o.answer else { panic!("expected a probe") };
     assert_eq!(lab.alloc.binding(p.addr).unwrap().state, LeaseState::Probing);
     // The retransmitted DISCOVER while the probe runs is not answered twice.
     let again = handle(&lab.cfg, &mut lab.alloc, &req, &lan(), lab.now, true);
-    assert!(matches!(again.action, Action::Silent(Silence::ProbeInFlight)));
+    assert!(matches!(again.answer, Answer::Silent(Silence::ProbeInFlight)));
     let first = p.addr;
     // Somebody answers: quarantine, probe the next one.
     let o = after_probe(&lab.cfg, &mut lab.alloc, p, true, lab.now);
     assert_eq!(lab.alloc.binding(first).unwrap().state, LeaseState::Declined);
-    let Action::Probe(p2) = o.action else { panic!("expected a second probe") };
+    let Answer::Probe(p2) = o.answer else { panic!("expected a second probe") };
     assert_ne!(p2.addr, first);
     let o = after_probe(&lab.cfg, &mut lab.alloc, p2.clone(), false, lab.now);
     assert_eq!(kind(&o), MessageType::Offer);
     assert_eq!(reply(&o).yiaddr, p2.addr);
     // The client's own address is not probed again later.
-    let ack = lab.send(&Msg::new(MessageType::Request, 10).opt(DhcpOption::ServerIdentifier(SERVER)).opt(DhcpOption::RequestedIpAddress(p2.addr)));
+    let ack = lab.send(
+        &Msg::new(MessageType::Request, 10)
+            .opt(DhcpOption::ServerIdentifier(SERVER))
+            .opt(DhcpOption::RequestedIpAddress(p2.addr)),
+    );
     assert_eq!(kind(&ack), MessageType::Ack);
     let o = handle(&lab.cfg, &mut lab.alloc, &req, &lan(), lab.now, true);
     assert_eq!(kind(&o), MessageType::Offer);
@@ -327,9 +347,10 @@ fn reservation_by_mac_and_alias_hold_off() {
     let mut lab = Lab::new("");
     assert_eq!(lab.dora(1), Ipv4Addr::new(198, 18, 0, 50));
     let o = lab.send(&Msg::new(MessageType::Discover, 2));
-    assert!(matches!(o.action, Action::Silent(Silence::AliasHeldOff { .. })), "{:?}", o.action);
+    assert!(matches!(o.answer, Answer::Silent(Silence::AliasHeldOff { .. })), "{:?}", o.answer);
     // A member asking for a pool address is told to use its reservation.
-    let o = lab.send(&Msg::new(MessageType::Request, 2).opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 0, 100))));
+    let o = lab
+        .send(&Msg::new(MessageType::Request, 2).opt(DhcpOption::RequestedIpAddress(Ipv4Addr::new(198, 18, 0, 100))));
     assert_eq!(kind(&o), MessageType::Nak);
     // The first member releases; the second gets the address.
     lab.send(&Msg::new(MessageType::Release, 1).ciaddr(Ipv4Addr::new(198, 18, 0, 50)));
@@ -352,7 +373,7 @@ fn exhaustion_means_no_offer() {
         lab.dora(n);
     }
     let o = lab.send(&Msg::new(MessageType::Discover, 20));
-    assert!(matches!(o.action, Action::Silent(Silence::PoolExhausted)));
+    assert!(matches!(o.answer, Answer::Silent(Silence::PoolExhausted)));
 }
 
 #[test]
@@ -360,7 +381,10 @@ fn client_identifier_is_the_identity_and_is_echoed() {
     let mut lab = Lab::new("");
     let id = vec![0xff, 1, 2, 3, 4];
     let o = lab.send(&Msg::new(MessageType::Discover, 10).opt(DhcpOption::ClientIdentifier(id.clone())));
-    assert_eq!(decoded(reply(&o)).opts().get(OptionCode::ClientIdentifier), Some(&DhcpOption::ClientIdentifier(id.clone())));
+    assert_eq!(
+        decoded(reply(&o)).opts().get(OptionCode::ClientIdentifier),
+        Some(&DhcpOption::ClientIdentifier(id.clone()))
+    );
     let addr = reply(&o).yiaddr;
     // Same client id from another NIC: same binding.
     let o = lab.send(&Msg::new(MessageType::Discover, 11).opt(DhcpOption::ClientIdentifier(id)));
@@ -386,7 +410,14 @@ fn malformed_packets_are_rejected_with_a_reason() {
     bogus_len.truncate(bogus_len.len() - 1); // drop End
     bogus_len.extend_from_slice(&[12, 200, b'x']); // hostname claiming 200 bytes
     assert!(parse(&bogus_len).is_err());
-    let mut no_type = Message::new_with_id(1, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, &mac(1));
+    let mut no_type = Message::new_with_id(
+        1,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &mac(1),
+    );
     no_type.opts_mut().insert(DhcpOption::Hostname("x".into()));
     let mut v = Vec::new();
     no_type.encode(&mut Encoder::new(&mut v)).unwrap();
@@ -395,9 +426,9 @@ fn malformed_packets_are_rejected_with_a_reason() {
 
 fn run_any(bytes: &[u8], lab: &mut Lab) {
     if let Ok(req) = parse(bytes) {
-        for ing in [lan(), Ingress { iface_addrs: vec![], local_dst: SERVER, served: false }] {
+        for ing in [lan(), Ingress { iface_addrs: vec![], local_dst: SERVER, served: false, interface: None }] {
             let o = handle(&lab.cfg, &mut lab.alloc, &req, &ing, lab.now, true);
-            if let Action::Probe(p) = o.action {
+            if let Answer::Probe(p) = o.answer {
                 let _ = after_probe(&lab.cfg, &mut lab.alloc, p, bytes.len().is_multiple_of(2), lab.now);
             }
         }

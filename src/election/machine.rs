@@ -2,12 +2,12 @@
 //!
 //! Inputs: the local clock (CLOCK_BOOTTIME, passed in as a `Duration`) and the result of the last
 //! arbiter call. Outputs ([`Effect`]): the next call to make, role changes, and a fatal halt. The
-//! caller asks [`Machine::wake_at`] when to call [`Machine::poll`] again. A thin tokio task
+//! caller asks [`Elector::wake_at`] when to call [`Elector::poll`] again. A thin tokio task
 //! (`driver.rs`) runs it for real; the model checker (`model.rs`) runs the very same code against
 //! a simulated arbiter, network and clocks.
 //!
 //! Seed steps, as implemented here:
-//! 1. one fresh uuid per process ([`Machine::new`]);
+//! 1. one fresh uuid per process ([`Elector::new`]);
 //! 2. a follower reads the row (GetPrimary) every I;
 //! 3. an empty (expired or absent) row makes it send UpdateHeartBeat — a *claim*;
 //! 4. the claim's own answer decides, in one round trip (no extra GetPrimary needed):
@@ -17,7 +17,7 @@
 //!    that did not apply, or a GetPrimary naming someone else — demotes at once, and so does
 //!    the end of the lease.
 //!
-//! **The lease** (the fix for the seed's dual-primary window, see shared/notes/seed-findings.md):
+//! **The lease** (the fix for the seed's dual-primary window; docs/design.md, "Origins"):
 //! active only until `send time of the last heartbeat the arbiter confirmed applied + (T − I)`.
 //! That heartbeat's row timestamp was taken by the arbiter *after* that send, and a rival can
 //! take over only once arbiter time passes that timestamp + T; the remaining I is the margin for
@@ -47,6 +47,8 @@ pub enum Call {
     Read,
     /// UpdateHeartBeat(uuid, utype): renew, claim, or take over.
     Heartbeat,
+    /// Expire the row if it holds this uuid (a hand-over: the partner may claim it at once).
+    Release,
 }
 
 /// What came back from a call.
@@ -54,8 +56,19 @@ pub enum Call {
 pub enum Reply {
     Read(Option<HolderRow>),
     Beat(Beat),
+    /// Whether the release found the row still ours.
+    Released(bool),
     /// Error, timeout, lost connection: nothing is known about what the arbiter did.
     Failed(String),
+}
+
+/// Why the election stops for good: something only the operator can fix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum HaltReason {
+    #[error(
+        "the arbiter's row for utype {utype:?} has T = {row_ms} ms but this box has timeout_ms = {ours_ms}; both boxes of a pair must use the same T (stop both, fix the config, then `twinlease arbiter init` adopts the new T once the row has expired)"
+    )]
+    TimeoutMismatch { utype: String, row_ms: u64, ours_ms: u64 },
 }
 
 /// Why a node stopped being active.
@@ -67,11 +80,15 @@ pub enum DemoteReason {
     HeartbeatRejected,
     /// GetPrimary named another node, or nobody.
     ArbiterNamed(Option<Uuid>),
+    /// This box cannot serve properly (its lease store cannot commit), so it stands down.
+    Ineligible,
+    /// The operator handed service to the partner (step-down, maintenance).
+    SteppedDown,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Effect {
-    /// Make this call now; feed its result to [`Machine::on_reply`] with the same id. The call
+    /// Make this call now; feed its result to [`Elector::on_reply`] with the same id. The call
     /// must be abandoned (and reported as `Failed`) at `deadline`, at most I after sending.
     Send { id: u64, call: Call, deadline: Duration },
     /// Became active (or renewed): active for `term` until `until`.
@@ -79,7 +96,7 @@ pub enum Effect {
     /// No longer active.
     Demoted(DemoteReason),
     /// A configuration problem that retrying cannot fix; stop the election.
-    Halt(String),
+    Halt(HaltReason),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -112,7 +129,7 @@ pub struct Known {
 /// Equality and hashing (used by the model checker to merge equal states) leave out `known`,
 /// which is for display only and never influences what the machine does.
 #[derive(Debug, Clone)]
-pub struct Machine {
+pub struct Elector {
     params: Params,
     rule: LeaseRule,
     uuid: Uuid,
@@ -121,32 +138,95 @@ pub struct Machine {
     next_tick: Duration,
     inflight: Option<Inflight>,
     next_id: u64,
+    /// Whether this box may hold the role at all; an ineligible box never heartbeats, so it
+    /// behaves like a box whose every write is lost, which the model check covers.
+    eligible: bool,
+    /// After a step-down: no heartbeat before this instant, so the partner gets the row
+    /// (a box whose row was just released would otherwise claim it straight back).
+    hold_off_until: Option<Duration>,
     known: Option<Known>,
 }
 
-impl PartialEq for Machine {
-    fn eq(&self, o: &Machine) -> bool {
-        (self.params, self.rule, self.uuid, &self.utype, &self.phase, self.next_tick, &self.inflight, self.next_id) == (o.params, o.rule, o.uuid, &o.utype, &o.phase, o.next_tick, &o.inflight, o.next_id)
+impl PartialEq for Elector {
+    fn eq(&self, o: &Elector) -> bool {
+        let mine = (self.params, self.rule, self.uuid, &self.utype, &self.phase, self.next_tick, &self.inflight);
+        let theirs = (o.params, o.rule, o.uuid, &o.utype, &o.phase, o.next_tick, &o.inflight);
+        mine == theirs
+            && (self.next_id, self.eligible, self.hold_off_until) == (o.next_id, o.eligible, o.hold_off_until)
     }
 }
 
-impl Eq for Machine {}
+impl Eq for Elector {}
 
-impl std::hash::Hash for Machine {
+impl std::hash::Hash for Elector {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        (self.params, self.rule, self.uuid, &self.phase, self.next_tick, &self.inflight, self.next_id).hash(h);
+        let more = (self.next_id, self.eligible, self.hold_off_until);
+        (self.params, self.rule, self.uuid, &self.phase, self.next_tick, &self.inflight, more).hash(h);
     }
 }
 
-impl Machine {
+impl Elector {
     /// A node that has just started (seed step 1); its first read goes out at the first poll.
-    pub fn new(params: Params, uuid: Uuid, utype: &str, now: Duration) -> Machine {
+    pub fn new(params: Params, uuid: Uuid, utype: &str, now: Duration) -> Elector {
         Self::with_rule(params, uuid, utype, now, LeaseRule::ConfirmedHeartbeat)
     }
 
-    pub fn with_rule(params: Params, uuid: Uuid, utype: &str, now: Duration, rule: LeaseRule) -> Machine {
+    pub fn with_rule(params: Params, uuid: Uuid, utype: &str, now: Duration, rule: LeaseRule) -> Elector {
         assert!(params.timeout > params.interval * 2, "T > 2I is checked when the configuration loads");
-        Machine { params, rule, uuid, utype: utype.to_string(), phase: Phase::Follower, next_tick: now, inflight: None, next_id: 1, known: None }
+        Elector {
+            params,
+            rule,
+            uuid,
+            utype: utype.to_string(),
+            phase: Phase::Follower,
+            next_tick: now,
+            inflight: None,
+            next_id: 1,
+            eligible: true,
+            hold_off_until: None,
+            known: None,
+        }
+    }
+
+    /// Whether this box may be active. Turning it off demotes at once and stops every
+    /// heartbeat (the row then expires T after the last one, and the partner takes over);
+    /// turning it back on lets the box stand again at the next read that finds the row free.
+    pub fn set_eligible(&mut self, eligible: bool) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.eligible = eligible;
+        if !eligible && self.phase != Phase::Halted {
+            self.demote(DemoteReason::Ineligible, &mut out);
+        }
+        out
+    }
+
+    pub fn is_eligible(&self) -> bool {
+        self.eligible
+    }
+
+    /// Hands service to the partner now: demotes, releases the row, and sends no heartbeat for
+    /// T, so the partner (which reads the row every I) takes it in about one interval.
+    pub fn step_down(&mut self, now: Duration) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if self.phase == Phase::Halted {
+            return out;
+        }
+        self.demote(DemoteReason::SteppedDown, &mut out);
+        self.hold_off_until = Some(now + self.params.timeout);
+        // A call in flight is abandoned: whatever it does, this box is no longer active.
+        self.inflight = None;
+        self.send(Call::Release, now, &mut out);
+        out
+    }
+
+    /// Whether this box may send a heartbeat (claim or renew) at `now`.
+    fn may_stand(&self, now: Duration) -> bool {
+        self.eligible && self.hold_off_until.is_none_or(|t| now >= t)
+    }
+
+    /// The end of a step-down's hold-off, if one is running at `now`.
+    pub fn holding_off(&self, now: Duration) -> Option<Duration> {
+        self.hold_off_until.filter(|t| now < *t)
     }
 
     pub fn uuid(&self) -> Uuid {
@@ -239,6 +319,8 @@ impl Machine {
             Reply::Failed(_) => self.failed(now, f, &mut out),
             Reply::Read(row) => self.on_read(now, f, row, &mut out),
             Reply::Beat(beat) => self.on_beat(now, f, beat, &mut out),
+            // The hold-off runs whatever the release found: the row is the partner's to take.
+            Reply::Released(_) => {}
         }
         out
     }
@@ -281,7 +363,7 @@ impl Machine {
 
     /// No usable answer: seed 4c/4d for a claim, "keep trying until the lease ends" when active.
     fn failed(&mut self, now: Duration, f: Inflight, out: &mut Vec<Effect>) {
-        if f.call == Call::Heartbeat && self.phase == Phase::Follower {
+        if f.call == Call::Heartbeat && self.phase == Phase::Follower && self.may_stand(now) {
             self.phase = Phase::Claiming;
         }
         // The seed read after every heartbeat, whatever became of it.
@@ -311,12 +393,8 @@ impl Machine {
             }
             if r.timeout_ms != self.params.timeout.as_millis() as u64 {
                 self.phase = Phase::Halted;
-                out.push(Effect::Halt(format!(
-                    "the arbiter's row for utype {:?} has T = {} ms but this box has timeout_ms = {}; both boxes of a pair must use the same T (stop both, fix the config, then `twinlease arbiter init` adopts the new T once the row has expired)",
-                    self.utype,
-                    r.timeout_ms,
-                    self.params.timeout.as_millis()
-                )));
+                let (row_ms, ours_ms) = (r.timeout_ms, self.params.timeout.as_millis() as u64);
+                out.push(Effect::Halt(HaltReason::TimeoutMismatch { utype: self.utype.clone(), row_ms, ours_ms }));
                 return;
             }
         }
@@ -327,7 +405,7 @@ impl Machine {
                 // The row is ours and alive (we were demoted, or a heartbeat's answer was lost):
                 // renew it. Only the heartbeat's confirmation makes us active.
                 LeaseRule::ConfirmedHeartbeat => {
-                    if !matches!(self.phase, Phase::Active { .. }) {
+                    if !matches!(self.phase, Phase::Active { .. }) && self.may_stand(now) {
                         self.send(Call::Heartbeat, now, out);
                     }
                 }
@@ -339,9 +417,11 @@ impl Machine {
             },
             Some(r) => self.demote(DemoteReason::ArbiterNamed(Some(r.uuid)), out),
             None => {
-                // Seed 3 (and 4d): nobody holds it — claim now.
+                // Seed 3 (and 4d): nobody holds it — claim now (if this box may serve at all).
                 self.demote(DemoteReason::ArbiterNamed(None), out);
-                self.send(Call::Heartbeat, now, out);
+                if self.may_stand(now) {
+                    self.send(Call::Heartbeat, now, out);
+                }
             }
         }
     }
@@ -349,10 +429,12 @@ impl Machine {
     fn on_beat(&mut self, now: Duration, f: Inflight, beat: Beat, out: &mut Vec<Effect>) {
         match self.rule {
             LeaseRule::ConfirmedHeartbeat => match beat {
-                Beat::Applied { term, .. } => {
+                // A heartbeat sent before the box became ineligible does not make it active.
+                Beat::Applied { term, .. } if self.may_stand(now) => {
                     let until = self.lease_from(f.sent);
                     self.promote(now, term, until, out);
                 }
+                Beat::Applied { .. } => {}
                 Beat::NotApplied => self.demote(DemoteReason::HeartbeatRejected, out),
             },
             // The seed's heartbeat returned nothing; it confirmed with a read right after.

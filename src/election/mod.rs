@@ -22,8 +22,8 @@ use std::time::Duration;
 pub use uuid::Uuid;
 
 pub use backend::{ArbiterError, Beat, Claim, HolderRow};
-pub use driver::{ElectionError, ElectionStatus, Election};
-pub use machine::{Call, DemoteReason, Effect, Machine, Reply};
+pub use driver::{Election, ElectionCommand, ElectionError, ElectionHooks, ElectionView};
+pub use machine::{Call, DemoteReason, Effect, Elector, HaltReason, Reply};
 
 /// The two election timers. T > 2I (checked when the configuration loads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

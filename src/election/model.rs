@@ -1,4 +1,4 @@
-//! An exhaustive explorer of the election: N nodes running the real [`Machine`] against a
+//! An exhaustive explorer of the election: N nodes running the real [`Elector`] against a
 //! simulated arbiter, with every interleaving of message delivery, delay and loss, node crashes
 //! and restarts (new uuid), link cuts, writes failing while reads succeed, and each node's clock
 //! running fast or slow by a bounded rate. Property: at most one node is active at any real
@@ -13,14 +13,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::machine::{Call, Effect, LeaseRule, Machine, Reply};
+use super::machine::{Call, Effect, Elector, LeaseRule, Reply};
 use super::{Beat, HolderRow, Params, Uuid};
 
 const UTYPE: &str = "model/dhcp";
 
 /// The bounds of one exploration.
 #[derive(Debug, Clone, Copy)]
-pub struct Bounds {
+pub(super) struct Bounds {
     pub nodes: usize,
     /// Real time per unit.
     pub unit: Duration,
@@ -56,6 +56,7 @@ enum ReplyKey {
     Row(Option<(u128, u64, bool)>),
     Applied(u64),
     NotApplied,
+    Released(bool),
     Failed,
 }
 
@@ -72,7 +73,7 @@ struct Msg {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Node {
-    machine: Option<Machine>,
+    machine: Option<Elector>,
     generation: u32,
     /// Local clock reading at real time `since` and its rate (permille of real time).
     base_local: u64,
@@ -98,12 +99,12 @@ struct World {
 
 /// A violation: the actions from the start that lead to two active nodes.
 #[derive(Debug)]
-pub struct Counterexample {
+pub(super) struct Counterexample {
     pub trace: Vec<String>,
 }
 
 #[derive(Debug)]
-pub struct Report {
+pub(super) struct Report {
     pub states: usize,
     pub violation: Option<Counterexample>,
 }
@@ -132,17 +133,26 @@ impl Explorer {
         let n = &mut w.nodes[i];
         n.generation += 1;
         // The local clock is continuous across restarts (it is the host's clock).
-        let local = if n.machine.is_none() && n.generation == 1 { Duration::from_secs(1) } else { self.local(n, w.now) };
+        let local =
+            if n.machine.is_none() && n.generation == 1 { Duration::from_secs(1) } else { self.local(n, w.now) };
         n.base_local = local.as_nanos() as u64;
         n.since = w.now;
         n.rate = rate;
-        n.machine = Some(Machine::with_rule(self.b.params, Uuid::from_u128(Self::uuid(i, n.generation)), UTYPE, local, self.b.rule));
+        n.machine = Some(Elector::with_rule(
+            self.b.params,
+            Uuid::from_u128(Self::uuid(i, n.generation)),
+            UTYPE,
+            local,
+            self.b.rule,
+        ));
     }
 
     fn initial(&self) -> Vec<World> {
         let mut out = vec![World {
             now: 0,
-            nodes: (0..self.b.nodes).map(|_| Node { machine: None, generation: 0, base_local: 0, since: 0, rate: 1000, cut: false }).collect(),
+            nodes: (0..self.b.nodes)
+                .map(|_| Node { machine: None, generation: 0, base_local: 0, since: 0, rate: 1000, cut: false })
+                .collect(),
             msgs: Vec::new(),
             row: None,
             writes_fail: false,
@@ -174,7 +184,14 @@ impl Explorer {
                     continue;
                 }
                 let uuid = Self::uuid(i, n.generation);
-                w.msgs.push(Msg { latest: w.now, node: i, generation: n.generation, id, payload: Payload::Request { call, uuid }, delayed: false });
+                w.msgs.push(Msg {
+                    latest: w.now,
+                    node: i,
+                    generation: n.generation,
+                    id,
+                    payload: Payload::Request { call, uuid },
+                    delayed: false,
+                });
             }
         }
         w.msgs.sort();
@@ -202,6 +219,15 @@ impl Explorer {
                 }
                 Some(_) => ReplyKey::NotApplied,
             },
+            Call::Release if w.writes_fail => ReplyKey::Failed,
+            Call::Release => match w.row {
+                Some((u, _, term)) if u == uuid => {
+                    // Expired: older than any live timestamp can be.
+                    w.row = Some((u, w.now.saturating_sub(t_units + 1), term));
+                    ReplyKey::Released(true)
+                }
+                _ => ReplyKey::Released(false),
+            },
         }
     }
 
@@ -221,15 +247,20 @@ impl Explorer {
             })),
             ReplyKey::Applied(term) => Reply::Beat(Beat::Applied { ts_us: 0, term: *term }),
             ReplyKey::NotApplied => Reply::Beat(Beat::NotApplied),
+            ReplyKey::Released(held) => Reply::Released(*held),
             ReplyKey::Failed => Reply::Failed("writes fail".into()),
         }
     }
 
     fn active_count(&self, w: &World) -> usize {
-        w.nodes.iter().filter(|n| n.machine.as_ref().is_some_and(|m| m.active_term(self.local(n, w.now)).is_some())).count()
+        w.nodes
+            .iter()
+            .filter(|n| n.machine.as_ref().is_some_and(|m| m.active_term(self.local(n, w.now)).is_some()))
+            .count()
     }
 
     /// Every successor of `w`, each with a label for traces.
+    #[expect(clippy::too_many_lines, reason = "one block per kind of event the explorer injects, in one place")]
     fn successors(&self, w: &World) -> Vec<(String, World)> {
         let mut out = Vec::new();
         // Node timers.
@@ -256,7 +287,14 @@ impl Explorer {
                 Payload::Request { call, uuid } => {
                     let r = self.arbiter(&mut w2, *call, *uuid);
                     if !w2.nodes[msg.node].cut {
-                        w2.msgs.push(Msg { latest: w2.now, node: msg.node, generation: msg.generation, id: msg.id, payload: Payload::Response(r), delayed: false });
+                        w2.msgs.push(Msg {
+                            latest: w2.now,
+                            node: msg.node,
+                            generation: msg.generation,
+                            id: msg.id,
+                            payload: Payload::Response(r),
+                            delayed: false,
+                        });
                     }
                 }
                 Payload::Response(r) => {
@@ -288,7 +326,8 @@ impl Explorer {
         }
         // Faults strike between instants, when nothing is due: a fault "during" an instant is
         // the same as one just before or after it, combined with a lost or delayed message.
-        let due = w.msgs.iter().any(|m| m.latest <= w.now) || w.nodes.iter().any(|n| n.machine.as_ref().is_some_and(|m| self.local(n, w.now) >= m.wake_at()));
+        let due = w.msgs.iter().any(|m| m.latest <= w.now)
+            || w.nodes.iter().any(|n| n.machine.as_ref().is_some_and(|m| self.local(n, w.now) >= m.wake_at()));
         if due {
             return out;
         }
@@ -317,14 +356,20 @@ impl Explorer {
                 if w2.nodes[i].cut {
                     w2.msgs.retain(|m| m.node != i);
                 }
-                out.push((format!("t={} node {i} link {}", w.now, if w2.nodes[i].cut { "cut" } else { "restored" }), w2));
+                out.push((
+                    format!("t={} node {i} link {}", w.now, if w2.nodes[i].cut { "cut" } else { "restored" }),
+                    w2,
+                ));
             }
         }
         if w.write_toggles > 0 {
             let mut w2 = w.clone();
             w2.writes_fail = !w2.writes_fail;
             w2.write_toggles -= 1;
-            out.push((format!("t={} arbiter writes {}", w.now, if w2.writes_fail { "start failing" } else { "work again" }), w2));
+            out.push((
+                format!("t={} arbiter writes {}", w.now, if w2.writes_fail { "start failing" } else { "work again" }),
+                w2,
+            ));
         }
         // Time, when nothing is due.
         if w.now < self.b.horizon {
@@ -337,7 +382,7 @@ impl Explorer {
 }
 
 /// Explores every behaviour within `b`; stops at the first violation.
-pub fn check(b: Bounds) -> Report {
+pub(super) fn check(b: Bounds) -> Report {
     let ex = Explorer { b };
     let mut seen: HashMap<World, usize> = HashMap::new();
     let mut parent: Vec<(usize, String)> = Vec::new();
@@ -410,7 +455,8 @@ mod tests {
     /// The seed's rule: writes fail while reads still succeed, then the active's link goes.
     #[test]
     fn the_seeds_rule_lets_two_nodes_be_active() {
-        let r = check(Bounds { write_toggles: 2, link_toggles: 1, drift_permille: 0, ..base(LeaseRule::SeedReadSendTime) });
+        let r =
+            check(Bounds { write_toggles: 2, link_toggles: 1, drift_permille: 0, ..base(LeaseRule::SeedReadSendTime) });
         let cx = r.violation.expect("the checker must find the seed's dual-primary window");
         eprintln!("seed rule: two active after {} states:\n  {}", r.states, cx.trace.join("\n  "));
         assert!(cx.trace.iter().any(|s| s.contains("writes start failing")), "{:?}", cx.trace);
@@ -418,7 +464,12 @@ mod tests {
 
     #[test]
     fn ours_holds_when_writes_fail_while_reads_succeed_and_links_break() {
-        assert!(holds("writes fail + link cut", Bounds { write_toggles: 2, link_toggles: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+        assert!(
+            holds(
+                "writes fail + link cut",
+                Bounds { write_toggles: 2, link_toggles: 1, ..base(LeaseRule::ConfirmedHeartbeat) }
+            ) > 1000
+        );
     }
 
     #[test]
@@ -437,14 +488,26 @@ mod tests {
     fn deep_ours_holds_with_more_faults() {
         holds("deep: 2 losses + 2 delays", Bounds { losses: 2, delays: 2, ..base(LeaseRule::ConfirmedHeartbeat) });
         holds("deep: crash + delay", Bounds { crashes: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
-        holds("deep: writes + link + loss", Bounds { write_toggles: 2, link_toggles: 2, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
-        holds("deep: three nodes, crash", Bounds { nodes: 3, horizon: 12, crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
-        holds("deep: three nodes, loss + delay", Bounds { nodes: 3, horizon: 10, losses: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
+        holds(
+            "deep: writes + link + loss",
+            Bounds { write_toggles: 2, link_toggles: 2, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
+        );
+        holds(
+            "deep: three nodes, crash",
+            Bounds { nodes: 3, horizon: 12, crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
+        );
+        holds(
+            "deep: three nodes, loss + delay",
+            Bounds { nodes: 3, horizon: 10, losses: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
+        );
     }
 
     #[test]
     fn ours_holds_with_three_nodes() {
-        assert!(holds("three nodes", Bounds { nodes: 3, horizon: 12, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
+        assert!(
+            holds("three nodes", Bounds { nodes: 3, horizon: 12, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) })
+                > 1000
+        );
     }
 
     /// The margin is I: a clock so slow that T − I of its seconds outlast T real ones breaks the

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::machine::{Call, DemoteReason, Effect, Machine, Reply};
+use super::machine::{Call, DemoteReason, Effect, Elector, Reply};
 use super::{Beat, HolderRow, Params, Uuid};
 
 const I: Duration = Duration::from_secs(1);
@@ -29,7 +29,17 @@ fn other() -> Uuid {
 }
 
 fn row(uuid: Uuid, live: bool) -> HolderRow {
-    HolderRow { utype: UTYPE.into(), uuid, name: "n".into(), endpoint: "e".into(), term: 7, timeout_ms: 5000, ts_us: 0, age_ms: if live { 100 } else { 9000 }, live }
+    HolderRow {
+        utype: UTYPE.into(),
+        uuid,
+        name: "n".into(),
+        endpoint: "e".into(),
+        term: 7,
+        timeout_ms: 5000,
+        ts_us: 0,
+        age_ms: if live { 100 } else { 9000 },
+        live,
+    }
 }
 
 fn sent(effects: &[Effect]) -> Option<(u64, Call)> {
@@ -46,8 +56,8 @@ fn one_send(effects: &[Effect], want: Call) -> u64 {
 }
 
 /// A machine that became active at t = 0 (read empty, claim applied), term 1.
-fn active() -> Machine {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+fn active() -> Elector {
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     let fx = m.on_reply(ms(20), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 }));
@@ -57,7 +67,7 @@ fn active() -> Machine {
 
 #[test]
 fn step_1_2_a_new_node_reads_once_per_interval() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     assert_eq!(m.uuid(), me());
     let id = one_send(&m.poll(ms(0)), Call::Read);
     assert!(m.poll(ms(500)).is_empty(), "nothing until the next tick");
@@ -69,11 +79,11 @@ fn step_1_2_a_new_node_reads_once_per_interval() {
 
 #[test]
 fn step_3_an_empty_answer_makes_it_claim_at_once() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     // An expired row is as good as none.
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     one_send(&m.on_reply(ms(10), id, Reply::Read(Some(row(other(), false)))), Call::Heartbeat);
 }
@@ -87,7 +97,7 @@ fn step_4a_an_applied_claim_makes_it_active_from_the_claims_send_time() {
 
 #[test]
 fn step_4b_a_rejected_claim_goes_back_to_reading() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     assert!(m.on_reply(ms(20), id, Reply::Beat(Beat::NotApplied)).is_empty());
@@ -96,7 +106,7 @@ fn step_4b_a_rejected_claim_goes_back_to_reading() {
 
 #[test]
 fn step_4c_a_failed_or_corrupt_claim_is_retried_at_the_next_tick() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     assert!(m.on_reply(ms(20), id, Reply::Failed("the arbiter returned a corrupt row".into())).is_empty());
@@ -106,12 +116,15 @@ fn step_4c_a_failed_or_corrupt_claim_is_retried_at_the_next_tick() {
     assert!(m.poll(ms(1999)).is_empty());
     let fx = m.poll(ms(2000));
     one_send(&fx, Call::Heartbeat);
-    assert!(m.on_reply(ms(2001), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })).is_empty(), "the abandoned call's answer is ignored");
+    assert!(
+        m.on_reply(ms(2001), id, Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })).is_empty(),
+        "the abandoned call's answer is ignored"
+    );
 }
 
 #[test]
 fn step_4c_a_read_for_another_utype_is_no_answer() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let mut wrong = row(me(), true);
     wrong.utype = "branch43/dhcp".into();
@@ -122,7 +135,7 @@ fn step_4c_a_read_for_another_utype_is_no_answer() {
 
 #[test]
 fn step_4d_an_empty_answer_after_a_lost_claim_claims_again() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     assert!(m.on_reply(ms(20), id, Reply::Beat(Beat::NotApplied)).is_empty());
@@ -134,7 +147,7 @@ fn step_4d_an_empty_answer_after_a_lost_claim_claims_again() {
 fn seeing_its_own_row_does_not_make_a_node_active_only_a_confirmed_heartbeat_does() {
     // The seed's bug: "GetPrimary returned me" was taken as a lease. Here it only triggers a
     // renewal, and the renewal's confirmation starts the lease.
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let fx = m.on_reply(ms(10), id, Reply::Read(Some(row(me(), true))));
     let id = one_send(&fx, Call::Heartbeat);
@@ -149,7 +162,11 @@ fn step_5_the_active_renews_every_interval_and_the_lease_follows_the_send_time()
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
     let fx = m.on_reply(ms(1400), id, Reply::Beat(Beat::Applied { ts_us: 2, term: 1 }));
-    assert_eq!(fx, vec![Effect::Active { term: 1, until: ms(1000) + T - I, renewed: true }], "from the send (1000 ms), not the answer (1400 ms)");
+    assert_eq!(
+        fx,
+        vec![Effect::Active { term: 1, until: ms(1000) + T - I, renewed: true }],
+        "from the send (1000 ms), not the answer (1400 ms)"
+    );
     assert_eq!(m.lease_end(), Some(ms(5000)));
 }
 
@@ -157,7 +174,10 @@ fn step_5_the_active_renews_every_interval_and_the_lease_follows_the_send_time()
 fn step_5a_a_rejected_heartbeat_demotes_at_once() {
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
-    assert_eq!(m.on_reply(ms(1010), id, Reply::Beat(Beat::NotApplied)), vec![Effect::Demoted(DemoteReason::HeartbeatRejected)]);
+    assert_eq!(
+        m.on_reply(ms(1010), id, Reply::Beat(Beat::NotApplied)),
+        vec![Effect::Demoted(DemoteReason::HeartbeatRejected)]
+    );
     assert_eq!(m.active_term(ms(1011)), None);
     one_send(&m.poll(ms(2000)), Call::Read);
 }
@@ -198,7 +218,7 @@ fn the_lease_end_is_a_wake_up_even_with_a_call_in_flight() {
 
 #[test]
 fn an_answer_after_the_deadline_does_not_count() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let id = one_send(&m.on_reply(ms(10), id, Reply::Read(None)), Call::Heartbeat);
     // Deadline is 10 ms + I; the answer arrives later (the driver should have dropped it).
@@ -210,17 +230,23 @@ fn an_answer_after_the_deadline_does_not_count() {
 fn a_term_change_is_a_new_promotion_not_a_renewal() {
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
-    assert_eq!(m.on_reply(ms(1010), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 })), vec![Effect::Active { term: 2, until: ms(5000), renewed: false }]);
+    assert_eq!(
+        m.on_reply(ms(1010), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 })),
+        vec![Effect::Active { term: 2, until: ms(5000), renewed: false }]
+    );
 }
 
 #[test]
 fn a_different_t_on_the_arbiter_halts() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     let mut r = row(other(), false);
     r.timeout_ms = 3000;
     let fx = m.on_reply(ms(10), id, Reply::Read(Some(r)));
-    assert!(matches!(&fx[..], [Effect::Halt(msg)] if msg.contains("T = 3000 ms") && msg.contains("timeout_ms = 5000")), "{fx:?}");
+    assert!(
+        matches!(&fx[..], [Effect::Halt(why)] if why.to_string().contains("T = 3000 ms") && why.to_string().contains("timeout_ms = 5000")),
+        "{fx:?}"
+    );
     assert!(m.is_halted());
     assert!(m.poll(ms(5000)).is_empty());
     assert_eq!(m.wake_at(), Duration::MAX);
@@ -228,7 +254,7 @@ fn a_different_t_on_the_arbiter_halts() {
 
 #[test]
 fn missed_ticks_are_skipped_not_replayed() {
-    let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
     m.on_reply(ms(5), id, Reply::Read(Some(row(other(), true))));
     let fx = m.poll(ms(10_500));
@@ -241,6 +267,74 @@ fn answers_to_unknown_calls_are_ignored() {
     let mut m = active();
     assert!(m.on_reply(ms(100), 999, Reply::Beat(Beat::NotApplied)).is_empty());
     assert_eq!(m.active_term(ms(100)), Some(1));
+}
+
+#[test]
+fn an_ineligible_box_steps_down_at_once_and_never_heartbeats() {
+    let mut m = active();
+    assert_eq!(m.set_eligible(false), vec![Effect::Demoted(DemoteReason::Ineligible)]);
+    assert_eq!(m.active_term(ms(100)), None);
+    // Only reads from now on, whatever the arbiter says: its own live row is not renewed, a free
+    // row is not claimed, and a heartbeat answer still in flight does not promote.
+    for (t, answer) in [(1000, row(me(), true)), (2000, row(other(), false))] {
+        let id = one_send(&m.poll(ms(t)), Call::Read);
+        assert_eq!(sent(&m.on_reply(ms(t + 10), id, Reply::Read(Some(answer)))), None);
+    }
+    let id = one_send(&m.poll(ms(3000)), Call::Read);
+    assert!(m.on_reply(ms(3010), id, Reply::Read(None)).is_empty());
+    assert!(!m.is_eligible());
+}
+
+#[test]
+fn a_heartbeat_answered_after_stepping_down_does_not_promote() {
+    let mut m = active();
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    m.set_eligible(false);
+    assert!(m.on_reply(ms(1010), id, Reply::Beat(Beat::Applied { ts_us: 2, term: 1 })).is_empty());
+    assert_eq!(m.active_term(ms(1020)), None);
+    // A failed one does not turn into a claim either.
+    let mut m = active();
+    let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    m.set_eligible(false);
+    m.on_reply(ms(1010), id, Reply::Failed("gone".into()));
+    one_send(&m.poll(ms(2000)), Call::Read);
+}
+
+#[test]
+fn an_eligible_box_again_stands_at_the_next_free_read() {
+    let mut m = active();
+    m.set_eligible(false);
+    assert!(m.set_eligible(true).is_empty(), "becoming eligible changes no role by itself");
+    let id = one_send(&m.poll(ms(1000)), Call::Read);
+    let id = one_send(&m.on_reply(ms(1010), id, Reply::Read(None)), Call::Heartbeat);
+    let fx = m.on_reply(ms(1020), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 }));
+    assert_eq!(fx, vec![Effect::Active { term: 2, until: ms(1010) + T - I, renewed: false }]);
+}
+
+#[test]
+fn a_step_down_releases_the_row_and_holds_off_for_t() {
+    let mut m = active();
+    let fx = m.step_down(ms(100));
+    assert_eq!(fx[0], Effect::Demoted(DemoteReason::SteppedDown));
+    let id = one_send(&fx, Call::Release);
+    assert_eq!(m.active_term(ms(100)), None);
+    assert!(m.on_reply(ms(110), id, Reply::Released(true)).is_empty());
+    assert_eq!(m.holding_off(ms(200)), Some(ms(100) + T));
+    // The row is free, but the partner gets it: no claim before the hold-off ends.
+    let id = one_send(&m.poll(ms(1000)), Call::Read);
+    assert!(m.on_reply(ms(1010), id, Reply::Read(None)).is_empty());
+    // After T, still free: the partner never came, so this box stands again.
+    let id = one_send(&m.poll(ms(5100)), Call::Read);
+    one_send(&m.on_reply(ms(5110), id, Reply::Read(None)), Call::Heartbeat);
+}
+
+#[test]
+fn a_step_down_abandons_a_heartbeat_in_flight() {
+    let mut m = active();
+    let beat = one_send(&m.poll(ms(1000)), Call::Heartbeat);
+    one_send(&m.step_down(ms(1001)), Call::Release);
+    assert!(m.on_reply(ms(1002), beat, Reply::Beat(Beat::Applied { ts_us: 2, term: 1 })).is_empty());
+    assert_eq!(m.active_term(ms(1003)), None);
 }
 
 #[derive(Debug, Clone)]
@@ -259,7 +353,7 @@ proptest! {
     /// more than two calls.
     #[test]
     fn lease_and_call_budget_hold_for_any_answers(steps in proptest::collection::vec(step(), 1..200)) {
-        let mut m = Machine::new(params(), me(), UTYPE, ms(0));
+        let mut m = Elector::new(params(), me(), UTYPE, ms(0));
         let mut now = ms(0);
         let mut inflight: Option<(u64, Call, Duration)> = None;
         let mut sends: Vec<Duration> = Vec::new();
@@ -293,6 +387,7 @@ proptest! {
                             confirmed_send = Some(at);
                             Reply::Beat(Beat::Applied { ts_us: 1, term: 1 })
                         }
+                        (_, Call::Release) => Reply::Released(true),
                     };
                     m.on_reply(now, id, reply)
                 }

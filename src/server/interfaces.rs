@@ -27,7 +27,8 @@ impl Interfaces {
         let mut index = HashMap::new();
         let mut by_index: HashMap<u32, Vec<Ipv4Net>> = HashMap::new();
         for (name, net) in LocalAddrs::of_this_host().0 {
-            let idx = *index.entry(name.clone()).or_insert_with(|| nix::net::if_::if_nametoindex(name.as_str()).unwrap_or(0));
+            let idx =
+                *index.entry(name.clone()).or_insert_with(|| nix::net::if_::if_nametoindex(name.as_str()).unwrap_or(0));
             by_index.entry(idx).or_default().push(net);
         }
         for n in &self.names {
@@ -43,6 +44,12 @@ impl Interfaces {
 
     pub fn index_of(&self, name: &str) -> Option<u32> {
         self.index.read().unwrap().get(name).copied()
+    }
+
+    /// Whether `ifindex` is one of the served interfaces.
+    pub fn is_served(&self, ifindex: u32) -> bool {
+        let index = self.index.read().unwrap();
+        self.names.iter().any(|n| index.get(n) == Some(&ifindex))
     }
 
     pub fn addrs_of(&self, ifindex: u32) -> Vec<Ipv4Net> {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use sd_notify::NotifyState;
 
 use super::engine::EngineStats;
-use super::peer::SyncStats;
+use super::replication::SyncStats;
 use crate::role::RoleRx;
 use crate::store::writer::WriterStats;
 
@@ -155,13 +155,20 @@ pub struct StatusReporter {
     role: RoleRx,
     engine: Arc<EngineStats>,
     writer: Arc<WriterStats>,
+    can_commit: tokio::sync::watch::Receiver<bool>,
     sync: Option<Arc<SyncStats>>,
 }
 
 impl StatusReporter {
     /// `sync`: the lease-sync counters when this box has a partner.
-    pub fn new(role: RoleRx, engine: Arc<EngineStats>, writer: Arc<WriterStats>, sync: Option<Arc<SyncStats>>) -> StatusReporter {
-        StatusReporter { role, engine, writer, sync }
+    pub fn new(
+        role: RoleRx,
+        engine: Arc<EngineStats>,
+        writer: Arc<WriterStats>,
+        can_commit: tokio::sync::watch::Receiver<bool>,
+        sync: Option<Arc<SyncStats>>,
+    ) -> StatusReporter {
+        StatusReporter { role, engine, writer, can_commit, sync }
     }
 
     /// One line for `systemctl status`.
@@ -169,8 +176,10 @@ impl StatusReporter {
         let role = *self.role.borrow();
         let term = role.term().map(|t| format!(" (term {t})")).unwrap_or_default();
         let partner = self.sync.as_deref().map(partner_status).unwrap_or_default();
+        // A store that cannot commit is the first thing an operator must see.
+        let store = if *self.can_commit.borrow() { "" } else { "NOT SERVING: lease store cannot commit; " };
         format!(
-            "{}{}, {} leases, {} ACKs, {} store commits{partner}",
+            "{store}{}{}, {} leases, {} ACKs, {} store commits{partner}",
             role.name(),
             term,
             self.engine.leases.load(Ordering::Relaxed),
@@ -189,7 +198,10 @@ impl StatusReporter {
     /// its diagnostics; whether the async side is moving is judged by the engine's counter.
     pub fn spawn(self, watchdog: Option<Duration>) -> Reporter {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new().name("sd-notify".into()).spawn(move || self.run(watchdog, stopped)).expect("spawn the sd_notify thread");
+        let thread = std::thread::Builder::new()
+            .name("sd-notify".into())
+            .spawn(move || self.run(watchdog, stopped))
+            .expect("spawn the sd_notify thread");
         Reporter { stop: Some(stop), thread: Some(thread) }
     }
 
@@ -227,12 +239,19 @@ impl StatusReporter {
                         p.due(false);
                     }
                     if wedged.is_none() {
-                        tracing::error!(component, still_secs = still_for.as_secs(), "{component} has stopped; withholding watchdog pings so systemd restarts the service");
+                        tracing::error!(
+                            component,
+                            still_secs = still_for.as_secs(),
+                            "{component} has stopped; withholding watchdog pings so systemd restarts the service"
+                        );
                         wedged = Some(component);
                         announce = true;
                     }
                     if announce || now.duration_since(last_status) >= STATUS_EVERY {
-                        send(&[NotifyState::Status(&format!("unhealthy: {component} still for {} s; watchdog pings withheld", still_for.as_secs()))]);
+                        send(&[NotifyState::Status(&format!(
+                            "unhealthy: {component} still for {} s; watchdog pings withheld",
+                            still_for.as_secs()
+                        ))]);
                         last_status = now;
                         announce = false;
                     }
@@ -248,15 +267,24 @@ impl StatusReporter {
 }
 
 /// The partner part of the status line: whether the link is up (with its last heartbeat
-/// round trip), the updates sent and applied, and the conflicts resolved so far (which
-/// `twinlease conflicts` lists).
+/// round trip), the updates sent and applied, the conflicts resolved so far (which
+/// `twinlease conflicts` lists) and, loudly, a partner whose configuration digest differs.
 fn partner_status(s: &SyncStats) -> String {
     let link = if s.reachable.load(Ordering::Relaxed) {
         format!("partner reachable (rtt {:.1} ms)", s.rtt_us.load(Ordering::Relaxed) as f64 / 1000.0)
     } else {
         "partner unreachable".to_string()
     };
-    format!("; {link}, {} updates sent, {} applied, {} conflicts", s.sent.load(Ordering::Relaxed), s.applied.load(Ordering::Relaxed), s.conflicts.load(Ordering::Relaxed))
+    let config = match s.partner_config() {
+        Some(d) if s.config_differs.load(Ordering::Relaxed) => format!(", CONFIG DIFFERS from the partner's ({d})"),
+        _ => String::new(),
+    };
+    format!(
+        "; {link}, {} updates sent, {} applied, {} conflicts{config}",
+        s.sent.load(Ordering::Relaxed),
+        s.applied.load(Ordering::Relaxed),
+        s.conflicts.load(Ordering::Relaxed)
+    )
 }
 
 /// The running reporter thread; [`Reporter::stop`] ends it (also on drop).
@@ -314,9 +342,15 @@ mod tests {
     fn a_short_stall_delays_a_ping_and_a_long_one_stops_them() {
         let mut p = PingSchedule::new(Duration::from_secs(6)); // 3 ticks of 1 s
         let run = |p: &mut PingSchedule, health: &[bool]| health.iter().map(|&h| p.due(h)).collect::<Vec<_>>();
-        assert_eq!(run(&mut p, &[true, true, true, true, true, true, true]), [true, false, false, true, false, false, true]);
+        assert_eq!(
+            run(&mut p, &[true, true, true, true, true, true, true]),
+            [true, false, false, true, false, false, true]
+        );
         // Unhealthy when a ping was due: it goes out at the first healthy tick.
-        assert_eq!(run(&mut p, &[true, true, false, true, true, true, true]), [false, false, false, true, false, false, true]);
+        assert_eq!(
+            run(&mut p, &[true, true, false, true, true, true, true]),
+            [false, false, false, true, false, false, true]
+        );
         // Wedged: no pings at all.
         assert!(run(&mut p, &[false; 20]).iter().all(|d| !d));
         assert_eq!(run(&mut p, &[true]), [true]);

@@ -32,7 +32,13 @@ impl Pinger {
         sock.set_nonblocking(true)?;
         // SAFETY: the socket is owned by the AsyncFd and closed only when the AsyncFd drops.
         let sock = unsafe { AsyncFd::register(sock) }.map_err(|e| e.into_parts().1)?;
-        let p = Arc::new(Pinger { sock, raw, ident: std::process::id() as u16, seq: AtomicU16::new(1), waiting: Mutex::new(HashMap::new()) });
+        let p = Arc::new(Pinger {
+            sock,
+            raw,
+            ident: std::process::id() as u16,
+            seq: AtomicU16::new(1),
+            waiting: Mutex::new(HashMap::new()),
+        });
         let me = p.clone();
         tokio::spawn(async move { me.receive().await });
         Ok(p)

@@ -89,12 +89,25 @@ pub struct ReplySender {
     pub send_errors: AtomicU64,
 }
 
+impl super::engine::Transmit for ReplySender {
+    fn transmit(&self, reply: &Reply) -> bool {
+        self.send(reply)
+    }
+}
+
 impl ReplySender {
     pub fn new(sock: UdpSocket, device: Option<String>) -> ReplySender {
-        ReplySender { sock, device, arp_allowed: AtomicBool::new(true), sent: AtomicU64::new(0), send_errors: AtomicU64::new(0) }
+        ReplySender {
+            sock,
+            device,
+            arp_allowed: AtomicBool::new(true),
+            sent: AtomicU64::new(0),
+            send_errors: AtomicU64::new(0),
+        }
     }
 
-    pub fn send(&self, reply: &Reply) {
+    /// Sends `reply`; `false` if the kernel refused it (counted, logged at debug).
+    pub fn send(&self, reply: &Reply) -> bool {
         let to = match reply.dest {
             Destination::Relay(giaddr) => SocketAddrV4::new(giaddr, SERVER_PORT),
             Destination::Unicast(ciaddr) => SocketAddrV4::new(ciaddr, CLIENT_PORT),
@@ -110,10 +123,12 @@ impl ReplySender {
         match self.sock.send_to(&reply.bytes, to) {
             Ok(_) => {
                 self.sent.fetch_add(1, Ordering::Relaxed);
+                true
             }
             Err(e) => {
                 self.send_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%to, error = %e, "reply not sent");
+                false
             }
         }
     }

@@ -6,6 +6,7 @@
 //! fails is rolled back whole. Only the writer thread (`writer.rs`) writes; readers (the
 //! `leases` command, status displays) open their own read-only connections.
 
+pub mod file;
 mod schema;
 mod sync;
 #[cfg(test)]
@@ -20,7 +21,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 
 use crate::lease::{Binding, ClientKey, LeaseState, Transition};
 
-pub use sync::{ConflictKind, ConflictRecord};
+pub use sync::{ConflictKind, ConflictRecord, StoreIdentity};
 pub use writer::{Batch, StoreWriter, WriterEvent};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,20 +30,32 @@ pub enum StoreError {
     Open { path: PathBuf, source: rusqlite::Error },
     #[error("lease store {path}: cannot create the state directory: {source}")]
     StateDir { path: PathBuf, source: std::io::Error },
-    #[error("lease store {path}: written by a newer twinlease (schema {found}, this build knows {known}); upgrade twinlease or restore an older database")]
+    #[error(
+        "lease store {path}: written by a newer twinlease (schema {found}, this build knows {known}); upgrade twinlease or restore an older database"
+    )]
     TooNew { path: PathBuf, found: i64, known: i64 },
     #[error("lease store: the disk is full; leases cannot be made durable, so no DHCPACK is sent until space is freed")]
     DiskFull,
     #[error("lease store: the database or its directory is read-only; no DHCPACK is sent until it is writable")]
     ReadOnly,
-    #[error("lease store: disk I/O error ({0}); the disk may be failing or read-only; no DHCPACK is sent until it is repaired")]
+    #[error(
+        "lease store: disk I/O error ({0}); the disk may be failing or read-only; no DHCPACK is sent until it is repaired"
+    )]
     Io(String),
-    #[error("lease store: the database file is corrupt ({0}); restart twinlease to quarantine it and start a fresh one")]
+    #[error(
+        "lease store: the database file is corrupt ({0}); restart twinlease to quarantine it and start a fresh one"
+    )]
     Corrupt(String),
     #[error("lease store: {addr} was changed underneath (expected version {expected}); the batch was rolled back")]
     Conflict { addr: Ipv4Addr, expected: u64 },
     #[error("lease store: malformed row for {addr}")]
     BadRow { addr: Ipv4Addr },
+    #[error(
+        "lease store {path}: {what} while twinlease had it open; no DHCPACK is sent until the table held in memory is written to a fresh file"
+    )]
+    FileLost { path: PathBuf, what: String },
+    #[error("lease store: the writer thread has stopped")]
+    WriterGone,
     #[error("lease store: {0}")]
     Sql(rusqlite::Error),
 }
@@ -80,7 +93,11 @@ impl StoredBinding {
 
 pub struct LeaseStore {
     conn: Connection,
+    /// The file this store writes, for the identity check; `None` in memory and read-only.
+    file: Option<file::DbFile>,
 }
+
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const COLUMNS: &str = "addr, state, owner, expires, cltt, version, term, hw, hostname, peer_synced_version, seq";
 
@@ -95,15 +112,7 @@ impl LeaseStore {
         let store = match Self::open_checked(path) {
             Ok(s) => s,
             Err(StoreError::Corrupt(_)) => {
-                let moved = PathBuf::from(format!("{}.corrupt-{now_unix}", path.display()));
-                for suffix in ["", "-wal", "-shm"] {
-                    let from = PathBuf::from(format!("{}{suffix}", path.display()));
-                    if from.exists() {
-                        let to = PathBuf::from(format!("{}{suffix}", moved.display()));
-                        std::fs::rename(&from, &to).map_err(|source| StoreError::StateDir { path: from.clone(), source })?;
-                    }
-                }
-                report.quarantined = Some(moved);
+                report.quarantined = Some(move_aside(path, &format!("corrupt-{now_unix}"))?);
                 Self::open_checked(path)?
             }
             Err(e) => return Err(e),
@@ -111,45 +120,105 @@ impl LeaseStore {
         Ok((store, report))
     }
 
+    /// Writes `rows` to a new database at `path`, after moving whatever is there aside (as
+    /// `<name>.lost-<unix time>`), keeping this store's identity and its partner's: the table
+    /// held in memory is the good copy when the file was lost underneath a running box.
+    /// Returns the new store and where the old file went, if there was one.
+    pub fn rebuild(
+        path: &Path,
+        rows: &[StoredBinding],
+        identity: StoreIdentity,
+        now_unix: u64,
+    ) -> Result<(LeaseStore, Option<PathBuf>), StoreError> {
+        let moved = if path.exists() { Some(move_aside(path, &format!("lost-{now_unix}"))?) } else { None };
+        let mut store = Self::open_checked(path)?;
+        store.restore(rows, identity)?;
+        Ok((store, moved))
+    }
+
     fn open_checked(path: &Path) -> Result<LeaseStore, StoreError> {
         let conn = Connection::open(path).map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
-        let mut store = Self::setup(conn, path)?;
+        let mut store = Self::setup(conn)?;
         let check: String = store.conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
         if check != "ok" {
             return Err(StoreError::Corrupt(check));
         }
         store.migrate(path)?;
+        // The header in the file changes only at a checkpoint (WAL mode): write the id, then
+        // checkpoint, so the file check below can read it from the file itself.
+        store.conn.pragma_update(None, "application_id", file::APPLICATION_ID)?;
+        let _ = file::checkpoint_truncate(&store.conn, BUSY_TIMEOUT);
+        let opened =
+            file::DbFile::open(path).map_err(|source| StoreError::StateDir { path: path.to_path_buf(), source })?;
+        store.file = Some(opened);
         Ok(store)
     }
 
     /// A private in-memory store (tests, and the store battery).
     pub fn open_in_memory() -> Result<LeaseStore, StoreError> {
         let conn = Connection::open_in_memory()?;
-        let mut s = Self::setup(conn, Path::new(":memory:"))?;
+        let mut s = Self::setup(conn)?;
         s.migrate(Path::new(":memory:"))?;
         Ok(s)
     }
 
     /// A read-only view for the `leases` command while the daemon writes.
     pub fn open_read_only(path: &Path) -> Result<LeaseStore, StoreError> {
-        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        let conn =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
         conn.busy_timeout(Duration::from_secs(2))?;
-        Ok(LeaseStore { conn })
+        Ok(LeaseStore { conn, file: None })
     }
 
-    fn setup(conn: Connection, path: &Path) -> Result<LeaseStore, StoreError> {
+    fn setup(conn: Connection) -> Result<LeaseStore, StoreError> {
         // Any of these failing on a file that is not a database reports NotADatabase.
         // A commit writes whole pages to the WAL and lease rows are ~70 bytes: small pages keep
         // the bytes written (and checksummed) per lease down. Applies to new databases only.
         conn.pragma_update(None, "page_size", 1024)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        // Checkpoint after ~4 MB of WAL rather than 1,000 (now smaller) pages.
-        conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
+        // The log stays small enough for a small state partition (see `file.rs`).
+        conn.pragma_update(None, "wal_autocheckpoint", file::AUTOCHECKPOINT_PAGES)?;
+        conn.pragma_update(None, "journal_size_limit", file::JOURNAL_SIZE_LIMIT)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        let _ = path;
-        Ok(LeaseStore { conn })
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        Ok(LeaseStore { conn, file: None })
+    }
+
+    /// Whether the database file is still the one this store opened, undamaged (see
+    /// `file.rs`). Always fine for a store in memory.
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        let Some(f) = &self.file else { return Ok(()) };
+        f.check().map_err(|what| StoreError::FileLost { path: f.path.clone(), what })
+    }
+
+    /// Checkpoints and truncates the write-ahead log if `idle` (nothing else to do) or the
+    /// file system is short of space. Returns whether the log is now empty.
+    pub fn trim_wal(&self, idle: bool) -> Result<bool, StoreError> {
+        let Some(f) = &self.file else { return Ok(true) };
+        if f.wal_bytes() == 0 || !(idle || f.low_on_space()) {
+            return Ok(f.wal_bytes() == 0);
+        }
+        Ok(file::checkpoint_truncate(&self.conn, BUSY_TIMEOUT)?)
+    }
+
+    /// Bytes of write-ahead log on disk (0 in memory).
+    pub fn wal_bytes(&self) -> u64 {
+        self.file.as_ref().map_or(0, file::DbFile::wal_bytes)
+    }
+
+    /// A small write that proves the store can commit again (after a full disk, say).
+    pub fn probe(&mut self, now_unix: u64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('probe', ?1) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [now_unix as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The path of the database file (None in memory).
+    pub fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|f| f.path.as_path())
     }
 
     fn migrate(&mut self, path: &Path) -> Result<(), StoreError> {
@@ -175,10 +244,12 @@ impl LeaseStore {
         stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()
     }
 
-    /// Bindings the peer has not confirmed (version differs from the synced one), in address
+    /// Bindings the partner has not confirmed (version differs from the synced one), in address
     /// order after `after`, at most `limit` (the sync layer pages through them).
     pub fn unsynced(&self, after: Option<Ipv4Addr>, limit: usize) -> Result<Vec<StoredBinding>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease WHERE peer_synced_version != version AND addr > ?1 ORDER BY addr LIMIT ?2"))?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM lease WHERE peer_synced_version != version AND addr > ?1 ORDER BY addr LIMIT ?2"
+        ))?;
         let after = after.map_or(-1, |a| i64::from(u32::from(a)));
         let rows = stmt.query_map(params![after, limit as i64], row_to_binding)?;
         let mut out = Vec::new();
@@ -195,7 +266,12 @@ impl LeaseStore {
 
     /// Applies transitions, then sync marks (each only if its row is at that version), then
     /// conflict records, in one transaction, all or nothing.
-    pub fn commit_with(&mut self, batch: &[&Transition], marks: &[(Ipv4Addr, u64)], conflicts: &[ConflictRecord]) -> Result<(), StoreError> {
+    pub fn commit_with(
+        &mut self,
+        batch: &[&Transition],
+        marks: &[(Ipv4Addr, u64)],
+        conflicts: &[ConflictRecord],
+    ) -> Result<(), StoreError> {
         // Cached BEGIN/COMMIT: this runs hundreds of times a second and re-parsing them was
         // a measurable share of a commit.
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
@@ -220,7 +296,12 @@ impl LeaseStore {
         }
     }
 
-    fn apply_all(&self, batch: &[&Transition], marks: &[(Ipv4Addr, u64)], conflicts: &[ConflictRecord]) -> Result<(), StoreError> {
+    fn apply_all(
+        &self,
+        batch: &[&Transition],
+        marks: &[(Ipv4Addr, u64)],
+        conflicts: &[ConflictRecord],
+    ) -> Result<(), StoreError> {
         let tx = &self.conn;
         {
             let mut insert = tx.prepare_cached(
@@ -232,7 +313,18 @@ impl LeaseStore {
             for t in batch {
                 let b = &t.new;
                 let owner = b.owner.as_ref().map(ClientKey::as_bytes);
-                let base = params![u32::from(b.addr), b.state.code(), owner, b.expires as i64, b.cltt as i64, b.version as i64, b.term as i64, &b.hw, &b.hostname, b.seq as i64];
+                let base = params![
+                    u32::from(b.addr),
+                    b.state.code(),
+                    owner,
+                    b.expires as i64,
+                    b.cltt as i64,
+                    b.version as i64,
+                    b.term as i64,
+                    &b.hw,
+                    &b.hostname,
+                    b.seq as i64
+                ];
                 let changed = if t.expect_version == 0 {
                     insert.execute(base)?
                 } else {
@@ -247,7 +339,8 @@ impl LeaseStore {
                     return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
                 }
             }
-            let mut mark = tx.prepare_cached("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2")?;
+            let mut mark =
+                tx.prepare_cached("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2")?;
             for (addr, version) in marks {
                 mark.execute(params![u32::from(*addr), *version as i64])?;
             }
@@ -256,12 +349,33 @@ impl LeaseStore {
         Ok(())
     }
 
-    /// Records that the peer holds `addr` at `version` — only if the row is still at that
+    /// Records that the partner holds `addr` at `version` — only if the row is still at that
     /// version (a renew in between must stay unsynced). Returns whether it applied.
     pub fn mark_synced(&mut self, addr: Ipv4Addr, version: u64) -> Result<bool, StoreError> {
-        let n = self.conn.execute("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2", params![u32::from(addr), version as i64])?;
+        let n = self.conn.execute(
+            "UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2",
+            params![u32::from(addr), version as i64],
+        )?;
         Ok(n == 1)
     }
+}
+
+/// Renames the database and its -wal and -shm files to `<name>.<suffix>`; returns the new name.
+fn move_aside(path: &Path, suffix: &str) -> Result<PathBuf, StoreError> {
+    // Never over an earlier one (two losses within a second): `.1`, `.2`, ... after the first.
+    let name = |n: u32| match n {
+        0 => PathBuf::from(format!("{}.{suffix}", path.display())),
+        n => PathBuf::from(format!("{}.{suffix}.{n}", path.display())),
+    };
+    let moved = (0..).map(name).find(|p| !p.exists()).expect("some free name");
+    for part in ["", "-wal", "-shm"] {
+        let from = PathBuf::from(format!("{}{part}", path.display()));
+        if from.exists() {
+            let to = PathBuf::from(format!("{}{part}", moved.display()));
+            std::fs::rename(&from, &to).map_err(|source| StoreError::StateDir { path: from.clone(), source })?;
+        }
+    }
+    Ok(moved)
 }
 
 fn row_to_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<StoredBinding, StoreError>> {

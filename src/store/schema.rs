@@ -47,10 +47,10 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = MIGRATIONS.len() as i64;
+pub(super) const CURRENT: i64 = MIGRATIONS.len() as i64;
 
 /// Brings `conn` up to [`CURRENT`]. Refuses a database from a newer build rather than guess.
-pub fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<(), i64>> {
+pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<(), i64>> {
     let have: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if have > CURRENT {
         return Ok(Err(have));

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{LeaseStore, StoreError};
+use super::{LeaseStore, StoreError, StoredBinding};
 use crate::lease::{Binding, ClientKey, LeaseState};
 
 /// Two bindings that contradicted each other and which one the conflict rule kept.
@@ -35,7 +35,16 @@ impl ConflictKind {
 }
 
 const STORE_ID: &str = "store_id";
-const PEER_STORE_ID: &str = "peer_store_id";
+const PEER_STORE_ID: &str = "partner_store_id";
+
+/// This store's identity and the partner store its sync marks refer to. A store rebuilt
+/// without its identity gets a new one: the partner then treats it as a wiped store and sends
+/// it everything, which is safe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreIdentity {
+    pub store: Option<u64>,
+    pub partner_store: Option<u64>,
+}
 
 fn random_u64() -> u64 {
     use std::io::Read;
@@ -51,8 +60,17 @@ fn random_u64() -> u64 {
 
 impl LeaseStore {
     fn meta(&self, key: &str) -> Result<Option<u64>, StoreError> {
-        let v: Option<i64> = self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?;
+        let v: Option<i64> =
+            self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?;
         Ok(v.map(|v| v as u64))
+    }
+
+    /// Both identities as far as they can still be read (a damaged file may not say).
+    pub fn identity(&self) -> StoreIdentity {
+        StoreIdentity {
+            store: self.meta(STORE_ID).ok().flatten(),
+            partner_store: self.meta(PEER_STORE_ID).ok().flatten(),
+        }
     }
 
     /// This store's identity, created with the store. A wiped or replaced disk gets a new one,
@@ -68,16 +86,58 @@ impl LeaseStore {
 
     /// The partner store that `peer_synced_version` refers to; `None` for a store that never
     /// synced (new or wiped).
-    pub fn peer_store_id(&self) -> Result<Option<u64>, StoreError> {
+    pub fn partner_store_id(&self) -> Result<Option<u64>, StoreError> {
         self.meta(PEER_STORE_ID)
     }
 
     /// The partner is a different store from the one the marks refer to: forget every mark (so
     /// everything is sent again) and remember the new partner, in one transaction.
-    pub fn reset_peer(&mut self, peer_store_id: u64) -> Result<(), StoreError> {
+    pub fn reset_partner(&mut self, partner_store_id: u64) -> Result<(), StoreError> {
         let tx = self.conn.transaction()?;
         tx.execute("UPDATE lease SET peer_synced_version = 0 WHERE peer_synced_version != 0", [])?;
-        tx.execute("INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value", params![PEER_STORE_ID, peer_store_id as i64])?;
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![PEER_STORE_ID, partner_store_id as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Fills a new, empty store with `rows` (sync marks included) and the given identities, in
+    /// one transaction.
+    pub(super) fn restore(&mut self, rows: &[StoredBinding], identity: StoreIdentity) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare(
+                "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq, peer_synced_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?;
+            for r in rows {
+                let b = &r.binding;
+                let owner = b.owner.as_ref().map(ClientKey::as_bytes);
+                insert.execute(params![
+                    u32::from(b.addr),
+                    b.state.code(),
+                    owner,
+                    b.expires as i64,
+                    b.cltt as i64,
+                    b.version as i64,
+                    b.term as i64,
+                    &b.hw,
+                    &b.hostname,
+                    b.seq as i64,
+                    r.peer_synced_version as i64
+                ])?;
+            }
+            let mut meta = tx.prepare(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?;
+            if let Some(id) = identity.store {
+                meta.execute(params![STORE_ID, id as i64])?;
+            }
+            if let Some(peer) = identity.partner_store {
+                meta.execute(params![PEER_STORE_ID, peer as i64])?;
+            }
+        }
         tx.commit()?;
         Ok(())
     }

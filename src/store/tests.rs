@@ -59,7 +59,7 @@ fn cas_checks_the_owner(mut s: LeaseStore) {
 fn mark_synced_compares_the_version(mut s: LeaseStore) {
     let a = Ipv4Addr::new(198, 18, 0, 10);
     s.commit(&[&leased(10, 1, 1, None)]).unwrap();
-    s.commit(&[&leased(10, 1, 2, Some(1))]).unwrap(); // a renew before the peer's ack came back
+    s.commit(&[&leased(10, 1, 2, Some(1))]).unwrap(); // a renew before the partner's ack came back
     assert!(!s.mark_synced(a, 1).unwrap(), "the ack for version 1 must not mark version 2 synced");
     assert_eq!(s.unsynced(None, 10).unwrap().len(), 1);
     assert!(s.mark_synced(a, 2).unwrap());
@@ -88,21 +88,24 @@ fn sync_marks_conflicts_and_identity(mut s: LeaseStore) {
     let a = Ipv4Addr::new(198, 18, 0, 10);
     let id = s.store_id().unwrap();
     assert_eq!(s.store_id().unwrap(), id, "the identity is created once");
-    assert_eq!(s.peer_store_id().unwrap(), None, "a new store never synced");
+    assert_eq!(s.partner_store_id().unwrap(), None, "a new store never synced");
     let t = leased(10, 1, 1, None);
     let winner = t.new.clone();
     let mut loser = leased(10, 2, 1, None).new;
     loser.term = 1;
     let c = ConflictRecord { at: 5, kind: ConflictKind::Address, winner: winner.clone(), loser: loser.clone() };
-    // The change, its mark (peer holds version 1) and the conflict, in one transaction.
+    // The change, its mark (the partner holds version 1) and the conflict, in one transaction.
     s.commit_with(&[&t], &[(a, 1)], std::slice::from_ref(&c)).unwrap();
     assert!(s.get(a).unwrap().unwrap().synced());
     let got = s.conflicts().unwrap();
     assert_eq!(got.len(), 1);
-    assert_eq!((got[0].kind, got[0].winner.owner.clone(), got[0].loser.owner.clone(), got[0].loser.term), (ConflictKind::Address, winner.owner, loser.owner, 1));
+    assert_eq!(
+        (got[0].kind, got[0].winner.owner.clone(), got[0].loser.owner.clone(), got[0].loser.term),
+        (ConflictKind::Address, winner.owner, loser.owner, 1)
+    );
     // A different partner store: every mark is forgotten.
-    s.reset_peer(77).unwrap();
-    assert_eq!(s.peer_store_id().unwrap(), Some(77));
+    s.reset_partner(77).unwrap();
+    assert_eq!(s.partner_store_id().unwrap(), Some(77));
     assert!(!s.get(a).unwrap().unwrap().synced());
     assert_eq!(s.unsynced(None, 10).unwrap().len(), 1);
 }
@@ -123,7 +126,14 @@ macro_rules! battery {
     };
 }
 
-battery!(roundtrip, cas_conflict_rolls_back_the_whole_batch, cas_checks_the_owner, mark_synced_compares_the_version, unsynced_pages_in_address_order, sync_marks_conflicts_and_identity);
+battery!(
+    roundtrip,
+    cas_conflict_rolls_back_the_whole_batch,
+    cas_checks_the_owner,
+    mark_synced_compares_the_version,
+    unsynced_pages_in_address_order,
+    sync_marks_conflicts_and_identity
+);
 
 #[test]
 fn committed_data_survives_reopen_and_is_visible_read_only_meanwhile() {
@@ -183,4 +193,93 @@ fn migrations_are_idempotent_and_refuse_a_newer_schema() {
     }
     let err = LeaseStore::open(&path, 1).err().expect("too new");
     assert!(err.to_string().contains("newer twinlease"), "{err}");
+}
+
+#[test]
+fn a_reader_opens_after_the_log_was_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let (mut s, _) = LeaseStore::open(&path, 1).unwrap();
+    let t = leased(10, 1, 1, None);
+    s.commit(&[&t]).unwrap();
+    assert!(s.trim_wal(true).unwrap(), "an idle writer empties the log");
+    assert_eq!(s.wal_bytes(), 0);
+    let ro = LeaseStore::open_read_only(&path).unwrap();
+    assert_eq!(ro.load_all().unwrap()[0].binding, t.new);
+}
+
+/// A store on disk with one lease, for the file checks.
+fn store_with_a_lease(dir: &std::path::Path) -> (LeaseStore, Transition) {
+    let (mut s, _) = LeaseStore::open(&dir.join("leases.db"), 1).unwrap();
+    let t = leased(10, 1, 1, None);
+    s.commit(&[&t]).unwrap();
+    s.trim_wal(true).unwrap();
+    (s, t)
+}
+
+#[test]
+fn a_file_replaced_truncated_or_overwritten_underneath_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let lost = |s: &LeaseStore| match s.check_file() {
+        Err(StoreError::FileLost { what, .. }) => what,
+        other => panic!("not noticed: {other:?}"),
+    };
+    let wipe = || {
+        for part in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{part}", path.display()));
+        }
+    };
+    let (s, _) = store_with_a_lease(dir.path());
+    s.check_file().unwrap();
+    let other = dir.path().join("other.db");
+    std::fs::copy(&path, &other).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    assert!(lost(&s).contains("replaced"));
+    drop(s);
+
+    wipe();
+    let (s, _) = store_with_a_lease(dir.path());
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+    assert!(lost(&s).contains("truncated"));
+    drop(s);
+
+    wipe();
+    let (s, _) = store_with_a_lease(dir.path());
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::File::options().write(true).open(&path).unwrap(),
+        &[0x5a; 512],
+        0,
+    )
+    .unwrap();
+    assert!(lost(&s).contains("overwritten"));
+    drop(s);
+
+    wipe();
+    let (s, _) = store_with_a_lease(dir.path());
+    std::fs::remove_file(&path).unwrap();
+    assert!(lost(&s).contains("deleted"));
+}
+
+#[test]
+fn a_rebuild_writes_the_rows_and_identity_to_a_fresh_file_and_keeps_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let (mut s, t) = store_with_a_lease(dir.path());
+    let id = s.store_id().unwrap();
+    s.reset_partner(99).unwrap();
+    let rows = vec![StoredBinding { binding: t.new.clone(), peer_synced_version: t.new.version }];
+    let identity = s.identity();
+    drop(s);
+    std::fs::write(&path, b"garbage").unwrap();
+    let (mut fresh, moved) = LeaseStore::rebuild(&path, &rows, identity, 7).unwrap();
+    assert_eq!(moved.as_deref(), Some(dir.path().join("leases.db.lost-7").as_path()));
+    assert_eq!(std::fs::read(dir.path().join("leases.db.lost-7")).unwrap(), b"garbage");
+    assert_eq!(fresh.load_all().unwrap(), rows);
+    assert_eq!((fresh.store_id().unwrap(), fresh.partner_store_id().unwrap()), (id, Some(99)));
+    fresh.check_file().unwrap();
+    // A second loss in the same second keeps the first one's file.
+    drop(fresh);
+    let (_, moved) = LeaseStore::rebuild(&path, &rows, identity, 7).unwrap();
+    assert_eq!(moved.as_deref(), Some(dir.path().join("leases.db.lost-7.1").as_path()));
 }

@@ -60,7 +60,7 @@ pub enum Readiness {
     /// Both directions of a catch-up completed at least once since start.
     CaughtUp,
     /// No session with the partner within the startup wait.
-    PeerUnreachable,
+    PartnerUnreachable,
 }
 
 /// What the machine reads from the local lease table.
@@ -74,18 +74,24 @@ pub trait Table {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub enum SyncAction {
     Send(Message),
     /// Close the connection (the link dials again).
     Close(String),
     /// Merge these bindings from the partner, make the result durable, then call
-    /// [`Machine::applied`] with the per-entry results.
-    Apply { batch: u64, kind: UpdateKind, entries: Vec<Binding> },
+    /// [`SyncSession::applied`] with the per-entry results.
+    Apply {
+        batch: u64,
+        kind: UpdateKind,
+        entries: Vec<Binding>,
+    },
     /// The partner's results for one of our batches: mark Applied entries synced (version
     /// compare), merge Superseded contents.
     Settle(Vec<EntryResult>),
     /// The partner's store is one our marks do not refer to: forget every mark, remember it.
-    ResetMarks { peer_store_id: u64 },
+    ResetMarks {
+        partner_store: u64,
+    },
     /// Release DHCPACKs held for these batches.
     ReleaseGates(Vec<u64>),
     Readiness(Readiness),
@@ -93,9 +99,17 @@ pub enum Action {
     Reachable(bool),
     Rtt(Duration),
     /// Catch-up finished in both directions (entries we sent, entries we received).
-    CaughtUp { sent: u64, received: u64 },
+    CaughtUp {
+        sent: u64,
+        received: u64,
+    },
     /// The digests differed in these /24s; their content was sent for repair.
     DigestRepair(Vec<u32>),
+    /// The partner's configuration digest, from its Hello, and whether it equals ours.
+    PartnerConfig {
+        digest: [u8; 32],
+        same: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -122,12 +136,12 @@ impl OutCatchUp {
 }
 
 #[derive(Debug)]
-struct Session {
+struct Exchange {
     id: u64,
     last_heard: Instant,
     next_heartbeat: Instant,
     /// Set once the partner's Hello arrived.
-    peer: Option<(String, u64)>,
+    partner: Option<(String, u64)>,
     out: Option<OutCatchUp>,
     in_done: Option<u64>,
     in_received: u64,
@@ -136,16 +150,18 @@ struct Session {
     digest_sent: bool,
 }
 
-pub struct Machine {
+pub struct SyncSession {
     t: Timing,
     node: String,
     store_id: u64,
+    /// This box's configuration digest, sent in Hello.
+    config_digest: [u8; 32],
     /// The partner store our marks refer to.
-    peer_store: Option<u64>,
+    partner_store: Option<u64>,
     term: Option<u64>,
     origin: Instant,
     readiness: Readiness,
-    session: Option<Session>,
+    session: Option<Exchange>,
     next_batch: u64,
     pending: BTreeMap<u64, Pending>,
     reachable: bool,
@@ -153,9 +169,28 @@ pub struct Machine {
     lagging_from: Option<u64>,
 }
 
-impl Machine {
-    pub fn new(t: Timing, node: String, store_id: u64, peer_store: Option<u64>, now: Instant) -> Machine {
-        Machine { t, node, store_id, peer_store, term: None, origin: now, readiness: Readiness::Waiting, session: None, next_batch: 1, pending: BTreeMap::new(), reachable: false, lagging_from: None }
+impl SyncSession {
+    pub fn new(t: Timing, node: String, store_id: u64, partner_store: Option<u64>, now: Instant) -> SyncSession {
+        SyncSession {
+            t,
+            node,
+            store_id,
+            config_digest: [0; 32],
+            partner_store,
+            term: None,
+            origin: now,
+            readiness: Readiness::Waiting,
+            session: None,
+            next_batch: 1,
+            pending: BTreeMap::new(),
+            reachable: false,
+            lagging_from: None,
+        }
+    }
+
+    /// Sets the configuration digest sent in Hello (see [`crate::config::ConfigDigest`]).
+    pub fn set_config_digest(&mut self, digest: [u8; 32]) {
+        self.config_digest = digest;
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -173,7 +208,7 @@ impl Machine {
 
     /// Whether the partner's Hello arrived on the current session (updates can flow).
     pub fn established(&self) -> bool {
-        self.session.as_ref().is_some_and(|s| s.peer.is_some())
+        self.session.as_ref().is_some_and(|s| s.partner.is_some())
     }
 
     pub fn set_term(&mut self, term: Option<u64>) {
@@ -184,13 +219,23 @@ impl Machine {
         now.saturating_duration_since(self.origin).as_millis() as u64
     }
 
-    pub fn link_up(&mut self, now: Instant, session: u64) -> Vec<Action> {
+    /// Forgets which partner store the marks refer to, so the next session asks for (and
+    /// sends) the whole table; closes the current one to start that now.
+    pub fn forget_partner(&mut self) -> Vec<SyncAction> {
+        self.partner_store = None;
+        match self.session {
+            Some(_) => vec![SyncAction::Close("a full re-sync was asked for".into())],
+            None => Vec::new(),
+        }
+    }
+
+    pub fn link_up(&mut self, now: Instant, session: u64) -> Vec<SyncAction> {
         let mut out = self.link_down(now);
-        self.session = Some(Session {
+        self.session = Some(Exchange {
             id: session,
             last_heard: now,
             next_heartbeat: now + self.t.heartbeat,
-            peer: None,
+            partner: None,
             out: None,
             in_done: None,
             in_received: 0,
@@ -198,13 +243,19 @@ impl Machine {
             in_complete: false,
             digest_sent: false,
         });
-        let catch_up = if self.peer_store.is_some() { CatchUpRequest::Unsynced } else { CatchUpRequest::Full };
-        out.push(Action::Send(Message::Hello { node: self.node.clone(), store_id: self.store_id, catch_up, term: self.term }));
+        let catch_up = if self.partner_store.is_some() { CatchUpRequest::Unsynced } else { CatchUpRequest::Full };
+        out.push(SyncAction::Send(Message::Hello {
+            node: self.node.clone(),
+            store_id: self.store_id,
+            catch_up,
+            term: self.term,
+            config_digest: self.config_digest,
+        }));
         out
     }
 
     /// The connection is gone: held ACKs go out, and what was in flight stays unsynced.
-    pub fn link_down(&mut self, _now: Instant) -> Vec<Action> {
+    pub fn link_down(&mut self, _now: Instant) -> Vec<SyncAction> {
         let mut out = Vec::new();
         if self.session.take().is_none() {
             return out;
@@ -212,21 +263,25 @@ impl Machine {
         let gated: Vec<u64> = self.pending.iter().filter(|(_, p)| p.gated).map(|(b, _)| *b).collect();
         self.pending.clear();
         if !gated.is_empty() {
-            out.push(Action::ReleaseGates(gated));
+            out.push(SyncAction::ReleaseGates(gated));
         }
         self.set_reachable(false, &mut out);
         out
     }
 
-    fn set_reachable(&mut self, r: bool, out: &mut Vec<Action>) {
+    fn set_reachable(&mut self, r: bool, out: &mut Vec<SyncAction>) {
         if self.reachable != r {
             self.reachable = r;
-            out.push(Action::Reachable(r));
+            out.push(SyncAction::Reachable(r));
         }
     }
 
-    fn refresh_reachable(&mut self, out: &mut Vec<Action>) {
-        let r = self.session.as_ref().is_some_and(|s| s.peer.is_some() && s.out.as_ref().is_some_and(OutCatchUp::complete)) && self.lagging_from.is_none();
+    fn refresh_reachable(&mut self, out: &mut Vec<SyncAction>) {
+        let r = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.partner.is_some() && s.out.as_ref().is_some_and(OutCatchUp::complete))
+            && self.lagging_from.is_none();
         self.set_reachable(r, out);
     }
 
@@ -238,7 +293,7 @@ impl Machine {
 
     /// Local changes to send. Returns the batch id when the caller should hold its DHCPACK
     /// for this batch (`hold` asked for it and the partner is reachable).
-    pub fn local_changes(&mut self, now: Instant, entries: Vec<Binding>, hold: bool) -> (Option<u64>, Vec<Action>) {
+    pub fn local_changes(&mut self, now: Instant, entries: Vec<Binding>, hold: bool) -> (Option<u64>, Vec<SyncAction>) {
         let mut out = Vec::new();
         if !self.established() || entries.is_empty() {
             return (None, out); // stays unsynced; the next catch-up sends it
@@ -247,8 +302,16 @@ impl Machine {
         let mut held = None;
         for chunk in entries.chunks(MAX_ENTRIES) {
             let batch = self.batch_id();
-            self.pending.insert(batch, Pending { ack_deadline: now + self.t.ack_timeout, deadline: now + self.t.request_timeout, gated, catch_up: false });
-            out.push(Action::Send(Message::Updates { batch, kind: UpdateKind::Live, entries: chunk.to_vec() }));
+            self.pending.insert(
+                batch,
+                Pending {
+                    ack_deadline: now + self.t.ack_timeout,
+                    deadline: now + self.t.request_timeout,
+                    gated,
+                    catch_up: false,
+                },
+            );
+            out.push(SyncAction::Send(Message::Updates { batch, kind: UpdateKind::Live, entries: chunk.to_vec() }));
             held = Some(batch);
         }
         // A held ACK waits for its whole outcome; with more than one chunk only the last
@@ -256,98 +319,142 @@ impl Machine {
         (if gated { held } else { None }, out)
     }
 
-    pub fn receive(&mut self, now: Instant, msg: Message, table: &dyn Table) -> Vec<Action> {
+    pub fn receive(&mut self, now: Instant, msg: Message, table: &dyn Table) -> Vec<SyncAction> {
         let mut out = Vec::new();
         let Some(s) = self.session.as_mut() else { return out };
         s.last_heard = now;
         match msg {
-            Message::Hello { node, store_id, catch_up, term: _ } => {
-                if s.peer.is_some() {
-                    out.push(Action::Close("a second hello on one session".into()));
-                    return out;
+            Message::Hello { node, store_id, catch_up, term: _, config_digest } => {
+                if self.on_hello(now, node, store_id, catch_up, table, &mut out) {
+                    let same = config_digest == self.config_digest;
+                    out.push(SyncAction::PartnerConfig { digest: config_digest, same });
                 }
-                if node == self.node {
-                    out.push(Action::Close(format!("the partner calls itself {node:?} too; give each box its own [node] name")));
-                    return out;
-                }
-                s.peer = Some((node, store_id));
-                let full = catch_up == CatchUpRequest::Full || self.peer_store != Some(store_id);
-                if full {
-                    out.push(Action::ResetMarks { peer_store_id: store_id });
-                    self.peer_store = Some(store_id);
-                }
-                s.out = Some(OutCatchUp { list: table.to_send(full), ..OutCatchUp::default() });
-                self.pump(now, table, &mut out);
             }
-            _ if s.peer.is_none() => out.push(Action::Close(format!("{} before hello", msg.name()))),
+            _ if s.partner.is_none() => out.push(SyncAction::Close(format!("{} before hello", msg.name()))),
             Message::Updates { batch, kind, entries } => {
                 s.applies_outstanding += 1;
                 if kind == UpdateKind::CatchUp {
                     s.in_received += entries.len() as u64;
                 }
-                out.push(Action::Apply { batch, kind, entries });
+                out.push(SyncAction::Apply { batch, kind, entries });
             }
-            Message::Acks { batch, results } => {
-                let Some(p) = self.pending.remove(&batch) else { return out };
-                out.push(Action::Settle(results));
-                if p.gated {
-                    out.push(Action::ReleaseGates(vec![batch]));
-                }
-                if self.lagging_from.is_some_and(|from| batch >= from) && now <= p.ack_deadline {
-                    self.lagging_from = None;
-                }
-                if p.catch_up
-                    && let Some(o) = self.session.as_mut().and_then(|s| s.out.as_mut())
-                {
-                    o.inflight.remove(&batch);
-                }
-                self.pump(now, table, &mut out);
-            }
+            Message::Acks { batch, results } => self.on_acks(now, batch, results, table, &mut out),
             Message::CatchUpDone { entries } => {
                 s.in_done = Some(entries);
                 self.check_complete(table, &mut out);
             }
-            Message::Digest { buckets } => {
-                let theirs: HashMap<u32, Bucket> = buckets.into_iter().map(|b| (b.prefix, b)).collect();
-                let mine: HashMap<u32, Bucket> = table.digest().into_iter().map(|b| (b.prefix, b)).collect();
-                let mut differ: Vec<u32> = mine.keys().chain(theirs.keys()).copied().filter(|p| mine.get(p) != theirs.get(p)).collect();
-                differ.sort_unstable();
-                differ.dedup();
-                for p in &differ {
-                    let entries = table.bucket(*p);
-                    for chunk in entries.chunks(self.t.page.max(1)) {
-                        let batch = self.batch_id();
-                        self.pending.insert(batch, Pending { ack_deadline: now + self.t.ack_timeout, deadline: now + self.t.request_timeout, gated: false, catch_up: false });
-                        out.push(Action::Send(Message::Updates { batch, kind: UpdateKind::Repair, entries: chunk.to_vec() }));
-                    }
-                }
-                if !differ.is_empty() {
-                    out.push(Action::DigestRepair(differ));
-                }
-            }
-            Message::Heartbeat { sent_ms } => out.push(Action::Send(Message::HeartbeatAck { echo_ms: sent_ms })),
+            Message::Digest { buckets } => self.on_digest(now, buckets, table, &mut out),
+            Message::Heartbeat { sent_ms } => out.push(SyncAction::Send(Message::HeartbeatAck { echo_ms: sent_ms })),
             Message::HeartbeatAck { echo_ms } => {
                 let rtt = self.ms(now).saturating_sub(echo_ms);
-                out.push(Action::Rtt(Duration::from_millis(rtt)));
+                out.push(SyncAction::Rtt(Duration::from_millis(rtt)));
             }
         }
         self.refresh_reachable(&mut out);
         out
     }
 
+    fn on_hello(
+        &mut self,
+        now: Instant,
+        node: String,
+        store_id: u64,
+        catch_up: CatchUpRequest,
+        table: &dyn Table,
+        out: &mut Vec<SyncAction>,
+    ) -> bool {
+        let Some(s) = self.session.as_mut() else { return false };
+        if s.partner.is_some() {
+            out.push(SyncAction::Close("a second hello on one session".into()));
+            return false;
+        }
+        if node == self.node {
+            let why = format!("the partner calls itself {node:?} too; give each box its own [node] name");
+            out.push(SyncAction::Close(why));
+            return false;
+        }
+        s.partner = Some((node, store_id));
+        let full = catch_up == CatchUpRequest::Full || self.partner_store != Some(store_id);
+        if full {
+            out.push(SyncAction::ResetMarks { partner_store: store_id });
+            self.partner_store = Some(store_id);
+        }
+        s.out = Some(OutCatchUp { list: table.to_send(full), ..OutCatchUp::default() });
+        self.pump(now, table, out);
+        true
+    }
+
+    fn on_acks(
+        &mut self,
+        now: Instant,
+        batch: u64,
+        results: Vec<EntryResult>,
+        table: &dyn Table,
+        out: &mut Vec<SyncAction>,
+    ) {
+        let Some(p) = self.pending.remove(&batch) else { return };
+        out.push(SyncAction::Settle(results));
+        if p.gated {
+            out.push(SyncAction::ReleaseGates(vec![batch]));
+        }
+        if self.lagging_from.is_some_and(|from| batch >= from) && now <= p.ack_deadline {
+            self.lagging_from = None;
+        }
+        if p.catch_up
+            && let Some(o) = self.session.as_mut().and_then(|s| s.out.as_mut())
+        {
+            o.inflight.remove(&batch);
+        }
+        self.pump(now, table, out);
+    }
+
+    /// The partner's digest: send our content of every /24 that differs, for repair by the
+    /// conflict rule on its side.
+    fn on_digest(&mut self, now: Instant, buckets: Vec<Bucket>, table: &dyn Table, out: &mut Vec<SyncAction>) {
+        let theirs: HashMap<u32, Bucket> = buckets.into_iter().map(|b| (b.prefix, b)).collect();
+        let mine: HashMap<u32, Bucket> = table.digest().into_iter().map(|b| (b.prefix, b)).collect();
+        let mut differ: Vec<u32> =
+            mine.keys().chain(theirs.keys()).copied().filter(|p| mine.get(p) != theirs.get(p)).collect();
+        differ.sort_unstable();
+        differ.dedup();
+        for p in &differ {
+            let entries = table.bucket(*p);
+            for chunk in entries.chunks(self.t.page.max(1)) {
+                let batch = self.batch_id();
+                let deadlines = (now + self.t.ack_timeout, now + self.t.request_timeout);
+                let pending =
+                    Pending { ack_deadline: deadlines.0, deadline: deadlines.1, gated: false, catch_up: false };
+                self.pending.insert(batch, pending);
+                let entries = chunk.to_vec();
+                out.push(SyncAction::Send(Message::Updates { batch, kind: UpdateKind::Repair, entries }));
+            }
+        }
+        if !differ.is_empty() {
+            out.push(SyncAction::DigestRepair(differ));
+        }
+    }
+
     /// A batch from the partner is durable here: acknowledge it.
-    pub fn applied(&mut self, _now: Instant, session: u64, batch: u64, results: Vec<EntryResult>, table: &dyn Table) -> Vec<Action> {
+    pub fn applied(
+        &mut self,
+        _now: Instant,
+        session: u64,
+        batch: u64,
+        results: Vec<EntryResult>,
+        table: &dyn Table,
+    ) -> Vec<SyncAction> {
         let mut out = Vec::new();
         let Some(s) = self.session.as_mut().filter(|s| s.id == session) else { return out };
         s.applies_outstanding = s.applies_outstanding.saturating_sub(1);
-        out.push(Action::Send(Message::Acks { batch, results }));
+        out.push(SyncAction::Send(Message::Acks { batch, results }));
         self.check_complete(table, &mut out);
         out
     }
 
     /// Sends catch-up pages while the window has room; CatchUpDone after the last.
-    fn pump(&mut self, now: Instant, table: &dyn Table, out: &mut Vec<Action>) {
-        let (page, window, ack, deadline) = (self.t.page.clamp(1, MAX_ENTRIES), self.t.window.max(1), self.t.ack_timeout, self.t.request_timeout);
+    fn pump(&mut self, now: Instant, table: &dyn Table, out: &mut Vec<SyncAction>) {
+        let (page, window, ack, deadline) =
+            (self.t.page.clamp(1, MAX_ENTRIES), self.t.window.max(1), self.t.ack_timeout, self.t.request_timeout);
         let mut batches = Vec::new();
         {
             let Some(o) = self.session.as_mut().and_then(|s| s.out.as_mut()) else { return };
@@ -361,23 +468,26 @@ impl Machine {
         }
         for entries in batches {
             let batch = self.batch_id();
-            self.pending.insert(batch, Pending { ack_deadline: now + ack, deadline: now + deadline, gated: false, catch_up: true });
+            self.pending.insert(
+                batch,
+                Pending { ack_deadline: now + ack, deadline: now + deadline, gated: false, catch_up: true },
+            );
             if let Some(o) = self.session.as_mut().and_then(|s| s.out.as_mut()) {
                 o.inflight.insert(batch);
             }
-            out.push(Action::Send(Message::Updates { batch, kind: UpdateKind::CatchUp, entries }));
+            out.push(SyncAction::Send(Message::Updates { batch, kind: UpdateKind::CatchUp, entries }));
         }
         if let Some(o) = self.session.as_mut().and_then(|s| s.out.as_mut())
             && o.next >= o.list.len()
             && !o.done_sent
         {
             o.done_sent = true;
-            out.push(Action::Send(Message::CatchUpDone { entries: o.sent }));
+            out.push(SyncAction::Send(Message::CatchUpDone { entries: o.sent }));
         }
         self.check_complete(table, out);
     }
 
-    fn check_complete(&mut self, table: &dyn Table, out: &mut Vec<Action>) {
+    fn check_complete(&mut self, table: &dyn Table, out: &mut Vec<SyncAction>) {
         let Some(s) = self.session.as_mut() else { return };
         if !s.in_complete && s.in_done.is_some() && s.applies_outstanding == 0 {
             s.in_complete = true;
@@ -386,38 +496,42 @@ impl Machine {
         if s.in_complete && out_complete && !s.digest_sent {
             s.digest_sent = true;
             let sent = s.out.as_ref().map_or(0, |o| o.sent);
-            out.push(Action::CaughtUp { sent, received: s.in_received });
-            out.push(Action::Send(Message::Digest { buckets: table.digest() }));
+            out.push(SyncAction::CaughtUp { sent, received: s.in_received });
+            out.push(SyncAction::Send(Message::Digest { buckets: table.digest() }));
             if self.readiness != Readiness::CaughtUp {
                 self.readiness = Readiness::CaughtUp;
-                out.push(Action::Readiness(Readiness::CaughtUp));
+                out.push(SyncAction::Readiness(Readiness::CaughtUp));
             }
         }
         self.refresh_reachable(out);
     }
 
     /// Heartbeats, deadlines and the startup wait. Call at least every heartbeat / 2.
-    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+    pub fn tick(&mut self, now: Instant) -> Vec<SyncAction> {
         let mut out = Vec::new();
-        if self.readiness == Readiness::Waiting && now.saturating_duration_since(self.origin) >= self.t.startup_wait && !self.established() {
-            self.readiness = Readiness::PeerUnreachable;
-            out.push(Action::Readiness(Readiness::PeerUnreachable));
+        if self.readiness == Readiness::Waiting
+            && now.saturating_duration_since(self.origin) >= self.t.startup_wait
+            && !self.established()
+        {
+            self.readiness = Readiness::PartnerUnreachable;
+            out.push(SyncAction::Readiness(Readiness::PartnerUnreachable));
         }
         let ms = self.ms(now);
         let Some(s) = self.session.as_mut() else { return out };
         if now.saturating_duration_since(s.last_heard) >= self.t.dead_after {
-            out.push(Action::Close(format!("nothing heard from the partner for {:?}", self.t.dead_after)));
+            out.push(SyncAction::Close(format!("nothing heard from the partner for {:?}", self.t.dead_after)));
             return out;
         }
         if now >= s.next_heartbeat {
             s.next_heartbeat = now + self.t.heartbeat;
-            out.push(Action::Send(Message::Heartbeat { sent_ms: ms }));
+            out.push(SyncAction::Send(Message::Heartbeat { sent_ms: ms }));
         }
         if let Some((b, _)) = self.pending.iter().find(|(_, p)| now >= p.deadline) {
-            out.push(Action::Close(format!("batch {b} not acknowledged within {:?}", self.t.request_timeout)));
+            out.push(SyncAction::Close(format!("batch {b} not acknowledged within {:?}", self.t.request_timeout)));
             return out;
         }
-        let late: Vec<u64> = self.pending.iter().filter(|(_, p)| p.gated && now >= p.ack_deadline).map(|(b, _)| *b).collect();
+        let late: Vec<u64> =
+            self.pending.iter().filter(|(_, p)| p.gated && now >= p.ack_deadline).map(|(b, _)| *b).collect();
         if !late.is_empty() {
             for b in &late {
                 if let Some(p) = self.pending.get_mut(b) {
@@ -425,7 +539,7 @@ impl Machine {
                 }
             }
             self.lagging_from = Some(self.next_batch);
-            out.push(Action::ReleaseGates(late));
+            out.push(SyncAction::ReleaseGates(late));
         }
         self.refresh_reachable(&mut out);
         out

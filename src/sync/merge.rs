@@ -49,7 +49,15 @@ pub fn rank(a: &Binding, b: &Binding) -> Ordering {
 
 /// Same replicated content (everything but the version).
 pub fn same_content(a: &Binding, b: &Binding) -> bool {
-    a.addr == b.addr && a.state == b.state && a.owner == b.owner && a.expires == b.expires && a.cltt == b.cltt && a.term == b.term && a.seq == b.seq && a.hw == b.hw && a.hostname == b.hostname
+    a.addr == b.addr
+        && a.state == b.state
+        && a.owner == b.owner
+        && a.expires == b.expires
+        && a.cltt == b.cltt
+        && a.term == b.term
+        && a.seq == b.seq
+        && a.hw == b.hw
+        && a.hostname == b.hostname
 }
 
 /// Both live (busy, unexpired) and held by different clients: a real conflict to record.
@@ -107,12 +115,22 @@ pub fn merge(alloc: &mut Allocator, inc: &Binding, kind: UpdateKind, now: UnixSe
     };
     if !inc_wins {
         if contradicts(&local, inc, now) {
-            out.conflicts.push(ConflictRecord { at: now, kind: ConflictKind::Address, winner: local.clone(), loser: inc.clone() });
+            out.conflicts.push(ConflictRecord {
+                at: now,
+                kind: ConflictKind::Address,
+                winner: local.clone(),
+                loser: inc.clone(),
+            });
         }
         return EntryOutcome::Superseded(local);
     }
     if contradicts(inc, &local, now) {
-        out.conflicts.push(ConflictRecord { at: now, kind: ConflictKind::Address, winner: inc.clone(), loser: local.clone() });
+        out.conflicts.push(ConflictRecord {
+            at: now,
+            kind: ConflictKind::Address,
+            winner: inc.clone(),
+            loser: local.clone(),
+        });
     }
     // One client, two addresses: the higher rank keeps its address.
     if inc.state.is_busy()
@@ -122,12 +140,22 @@ pub fn merge(alloc: &mut Allocator, inc: &Binding, kind: UpdateKind, now: UnixSe
         let other = alloc.binding(other_addr).cloned().expect("indexed address exists");
         if rank(inc, &other) == Ordering::Greater {
             push(alloc, out, &freed(inc, &other), false);
-            out.conflicts.push(ConflictRecord { at: now, kind: ConflictKind::Client, winner: inc.clone(), loser: other });
+            out.conflicts.push(ConflictRecord {
+                at: now,
+                kind: ConflictKind::Client,
+                winner: inc.clone(),
+                loser: other,
+            });
         } else {
             // The incoming binding loses to the client's address here: this address goes back
             // to the queue instead. The partner gets the freed content back and adopts it.
             let f = freed(&other, inc);
-            out.conflicts.push(ConflictRecord { at: now, kind: ConflictKind::Client, winner: other, loser: inc.clone() });
+            out.conflicts.push(ConflictRecord {
+                at: now,
+                kind: ConflictKind::Client,
+                winner: other,
+                loser: inc.clone(),
+            });
             let mut freed_here = f.clone();
             freed_here.version = local.version;
             if same_content(&local, &freed_here) {
@@ -152,8 +180,17 @@ fn push(alloc: &mut Allocator, out: &mut Merged, content: &Binding, synced: bool
 
 /// Merges a batch from the partner; returns the per-entry results to acknowledge once `out`
 /// is durable.
-pub fn apply_batch(alloc: &mut Allocator, entries: &[Binding], kind: UpdateKind, now: UnixSecs, out: &mut Merged) -> Vec<EntryResult> {
-    entries.iter().map(|e| EntryResult { addr: e.addr, version: e.version, outcome: merge(alloc, e, kind, now, out) }).collect()
+pub fn apply_batch(
+    alloc: &mut Allocator,
+    entries: &[Binding],
+    kind: UpdateKind,
+    now: UnixSecs,
+    out: &mut Merged,
+) -> Vec<EntryResult> {
+    entries
+        .iter()
+        .map(|e| EntryResult { addr: e.addr, version: e.version, outcome: merge(alloc, e, kind, now, out) })
+        .collect()
 }
 
 /// Takes the partner's results for one of our batches: marks what it applied as synced (only

@@ -6,7 +6,7 @@
 //! * `frame` — length-prefixed frames authenticated with HMAC-SHA256, replay-proof;
 //! * `link` — the one TCP connection to the partner (tokio).
 //!
-//! The driver (`server::peer`) owns a [`machine::Machine`], feeds it link events and the
+//! The driver (`server::replication`) owns a [`machine::SyncSession`], feeds it link events and the
 //! engine's lease changes, and carries out its actions against the allocator and the store.
 
 pub mod frame;
@@ -75,7 +75,8 @@ impl Table for Allocator {
     }
 
     fn bucket(&self, prefix: u32) -> Vec<Binding> {
-        let mut v: Vec<Binding> = self.bindings().filter(|b| u32::from(b.addr) >> 8 == prefix && !is_untouched(b)).cloned().collect();
+        let mut v: Vec<Binding> =
+            self.bindings().filter(|b| u32::from(b.addr) >> 8 == prefix && !is_untouched(b)).cloned().collect();
         v.sort_by_key(|b| b.addr);
         v
     }

@@ -9,8 +9,9 @@ use std::net::Ipv4Addr;
 
 use crate::lease::{Binding, ClientKey, LeaseState};
 
-/// Bumped when the message set changes incompatibly; a mismatch closes the link.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Bumped when the message set changes incompatibly; a mismatch closes the link (and is logged
+/// with both versions). 2: Hello carries the configuration digest.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Largest number of bindings in one Updates message (catch-up pages are this size).
 pub const MAX_ENTRIES: usize = 4096;
@@ -66,14 +67,36 @@ pub struct Bucket {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// First message of a session in each direction.
-    Hello { node: String, store_id: u64, catch_up: CatchUpRequest, term: Option<u64> },
-    Updates { batch: u64, kind: UpdateKind, entries: Vec<Binding> },
-    Acks { batch: u64, results: Vec<EntryResult> },
+    Hello {
+        node: String,
+        store_id: u64,
+        catch_up: CatchUpRequest,
+        term: Option<u64>,
+        /// The sender's [`crate::config::ConfigDigest`]: both boxes must answer alike.
+        config_digest: [u8; 32],
+    },
+    Updates {
+        batch: u64,
+        kind: UpdateKind,
+        entries: Vec<Binding>,
+    },
+    Acks {
+        batch: u64,
+        results: Vec<EntryResult>,
+    },
     /// The sender has sent every catch-up page (`entries` bindings in all).
-    CatchUpDone { entries: u64 },
-    Digest { buckets: Vec<Bucket> },
-    Heartbeat { sent_ms: u64 },
-    HeartbeatAck { echo_ms: u64 },
+    CatchUpDone {
+        entries: u64,
+    },
+    Digest {
+        buckets: Vec<Bucket>,
+    },
+    Heartbeat {
+        sent_ms: u64,
+    },
+    HeartbeatAck {
+        echo_ms: u64,
+    },
 }
 
 impl Message {
@@ -102,6 +125,10 @@ pub enum DecodeError {
     Bad(&'static str),
     #[error("{what}: {n} is more than the limit {max}")]
     TooMany { what: &'static str, n: usize, max: usize },
+    #[error(
+        "the partner speaks sync protocol version {0}, this box {PROTOCOL_VERSION}: run the same twinlease release on both boxes"
+    )]
+    Version(u16),
 }
 
 // ---- encoding --------------------------------------------------------------------------------
@@ -167,7 +194,7 @@ pub fn content_bytes(b: &Binding, out: &mut Vec<u8>) {
 pub fn encode(m: &Message) -> Vec<u8> {
     let mut w = W(Vec::with_capacity(64));
     match m {
-        Message::Hello { node, store_id, catch_up, term } => {
+        Message::Hello { node, store_id, catch_up, term, config_digest } => {
             w.u8(1);
             w.u16(PROTOCOL_VERSION);
             w.bytes(&node.as_bytes()[..node.len().min(MAX_FIELD)]);
@@ -183,6 +210,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
                 }
                 None => w.u8(0),
             }
+            w.0.extend_from_slice(config_digest);
         }
         Message::Updates { batch, kind, entries } => {
             w.u8(2);
@@ -292,14 +320,22 @@ impl<'a> R<'a> {
     fn binding(&mut self) -> Result<Binding, DecodeError> {
         let addr = Ipv4Addr::from(self.u32()?);
         let state = LeaseState::from_code(i64::from(self.u8()?)).ok_or(DecodeError::Bad("state"))?;
-        let owner = if self.flag("owner flag")? { Some(ClientKey::from_bytes(self.bytes()?).ok_or(DecodeError::Bad("client key"))?) } else { None };
+        let owner = if self.flag("owner flag")? {
+            Some(ClientKey::from_bytes(self.bytes()?).ok_or(DecodeError::Bad("client key"))?)
+        } else {
+            None
+        };
         let expires = self.u64()?;
         let cltt = self.u64()?;
         let version = self.u64()?;
         let term = self.u64()?;
         let seq = self.u64()?;
         let hw = self.bytes()?.to_vec();
-        let hostname = if self.flag("hostname flag")? { Some(String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Bad("hostname"))?) } else { None };
+        let hostname = if self.flag("hostname flag")? {
+            Some(String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError::Bad("hostname"))?)
+        } else {
+            None
+        };
         if state.is_busy() && owner.is_none() && state != LeaseState::Declined {
             return Err(DecodeError::Bad("busy binding without an owner"));
         }
@@ -318,8 +354,9 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     let mut r = R(bytes);
     let m = match r.u8()? {
         1 => {
-            if r.u16()? != PROTOCOL_VERSION {
-                return Err(DecodeError::Bad("protocol version"));
+            let version = r.u16()?;
+            if version != PROTOCOL_VERSION {
+                return Err(DecodeError::Version(version));
             }
             let node = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError::Bad("node name"))?;
             let store_id = r.u64()?;
@@ -329,7 +366,8 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
                 _ => return Err(DecodeError::Bad("catch-up request")),
             };
             let term = if r.flag("term flag")? { Some(r.u64()?) } else { None };
-            Message::Hello { node, store_id, catch_up, term }
+            let config_digest = r.take(32)?.try_into().expect("32 bytes");
+            Message::Hello { node, store_id, catch_up, term, config_digest }
         }
         2 => {
             let batch = r.u64()?;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::frame::{self, FrameError, Opener, Sealer};
-use super::machine::{Action, Machine, Readiness, Table, Timing};
+use super::frame::{self, FrameError, Hello, Opener, Sealer, Side};
+use super::machine::{Readiness, SyncAction, SyncSession, Table, Timing};
 use super::merge::{self, Merged};
 use super::protocol::{self, Bucket, CatchUpRequest, DecodeError, EntryOutcome, EntryResult, Message, UpdateKind};
 use crate::allocator::{Allocator, Choice};
@@ -24,7 +24,18 @@ fn config() -> Config {
 use crate::testkit::{ip, key, mac};
 
 fn leased(addr: u8, client: u8, term: u64, cltt: u64) -> Binding {
-    Binding { addr: ip(addr), state: LeaseState::Leased, owner: Some(key(client)), expires: cltt + 1000, cltt, version: 7, term, seq: 1, hw: mac(client).to_vec(), hostname: Some(format!("h{client}")) }
+    Binding {
+        addr: ip(addr),
+        state: LeaseState::Leased,
+        owner: Some(key(client)),
+        expires: cltt + 1000,
+        cltt,
+        version: 7,
+        term,
+        seq: 1,
+        hw: mac(client).to_vec(),
+        hostname: Some(format!("h{client}")),
+    }
 }
 
 // ---- codec -----------------------------------------------------------------------------------
@@ -32,9 +43,25 @@ fn leased(addr: u8, client: u8, term: u64, cltt: u64) -> Binding {
 #[test]
 fn every_message_survives_encoding() {
     let msgs = vec![
-        Message::Hello { node: "a".into(), store_id: 42, catch_up: CatchUpRequest::Full, term: Some(3) },
-        Message::Hello { node: "b".into(), store_id: 1, catch_up: CatchUpRequest::Unsynced, term: None },
-        Message::Updates { batch: 9, kind: UpdateKind::CatchUp, entries: vec![leased(10, 1, 2, 100), Binding::fresh(ip(11))] },
+        Message::Hello {
+            node: "a".into(),
+            store_id: 42,
+            catch_up: CatchUpRequest::Full,
+            term: Some(3),
+            config_digest: [7; 32],
+        },
+        Message::Hello {
+            node: "b".into(),
+            store_id: 1,
+            catch_up: CatchUpRequest::Unsynced,
+            term: None,
+            config_digest: [0; 32],
+        },
+        Message::Updates {
+            batch: 9,
+            kind: UpdateKind::CatchUp,
+            entries: vec![leased(10, 1, 2, 100), Binding::fresh(ip(11))],
+        },
         Message::Acks {
             batch: 9,
             results: vec![
@@ -55,7 +82,8 @@ fn every_message_survives_encoding() {
 
 #[test]
 fn malformed_messages_are_errors() {
-    let good = protocol::encode(&Message::Updates { batch: 1, kind: UpdateKind::Live, entries: vec![leased(10, 1, 2, 100)] });
+    let good =
+        protocol::encode(&Message::Updates { batch: 1, kind: UpdateKind::Live, entries: vec![leased(10, 1, 2, 100)] });
     for cut in 0..good.len() {
         assert!(protocol::decode(&good[..cut]).is_err(), "truncated at {cut} decoded");
     }
@@ -82,14 +110,22 @@ proptest! {
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
-fn pair() -> (Sealer, Opener, [u8; 16], [u8; 16]) {
-    let (a, b) = (frame::random_nonce(), frame::random_nonce());
-    (Sealer::new(KEY, a, b), Opener::new(KEY, b, a), a, b)
+fn hello(side: Side, node: &str) -> Hello {
+    Hello { side, node: node.into(), nonce: frame::random_nonce() }
+}
+
+/// Both ends of one connection: box-a dialled box-b. Returns (a's sealer, b's opener, a's
+/// opener, b's sealer).
+fn connection(a: &Hello, b: &Hello) -> (Sealer, Opener, Opener, Sealer) {
+    let (sa, oa) = frame::session(KEY, a, b).unwrap();
+    let (sb, ob) = frame::session(KEY, b, a).unwrap();
+    (sa, ob, oa, sb)
 }
 
 #[test]
 fn frames_open_once_in_order_and_only_with_the_key() {
-    let (mut s, mut o, a, b) = pair();
+    let (a, b) = (hello(Side::Dialer, "box-a"), hello(Side::Acceptor, "box-b"));
+    let (mut s, mut o, mut back, _) = connection(&a, &b);
     let f1 = s.seal(b"one");
     let f2 = s.seal(b"two");
     assert_eq!(o.open(&f1[4..]).unwrap(), b"one");
@@ -101,25 +137,34 @@ fn frames_open_once_in_order_and_only_with_the_key() {
     altered[n - 40] ^= 1;
     assert_eq!(o.open(&altered[4..]), Err(FrameError::BadTag));
 
-    let mut wrong = Sealer::new(b"another key of enough length....", a, b);
+    let (mut wrong, _) = frame::session(b"another key of enough length....", &a, &b).unwrap();
     assert_eq!(o.open(&wrong.seal(b"x")[4..]), Err(FrameError::BadTag));
 
     // A frame of this connection replayed on another one (other nonces) fails.
-    let (_, mut o2, _, _) = pair();
+    let (_, mut o2, _, _) = connection(&hello(Side::Dialer, "box-a"), &hello(Side::Acceptor, "box-b"));
     assert_eq!(o2.open(&f1[4..]), Err(FrameError::BadTag));
 
-    // A frame reflected back to its sender fails (direction is bound by nonce order).
-    let mut own = Opener::new(KEY, a, b);
-    assert_eq!(own.open(&f1[4..]), Err(FrameError::BadTag));
+    // A frame reflected back to its sender fails (the direction is in the tag).
+    assert_eq!(back.open(&f1[4..]), Err(FrameError::BadTag));
+
+    // The names are bound too: same nonces, another name on one end.
+    let renamed = Hello { node: "box-c".into(), ..b.clone() };
+    let (_, mut o3) = frame::session(KEY, &renamed, &a).unwrap();
+    assert_eq!(o3.open(&f1[4..]), Err(FrameError::BadTag));
 }
 
 #[test]
-fn handshake_needs_the_key() {
-    let n = frame::random_nonce();
-    let h = frame::seal_handshake(KEY, "box-a", &n);
-    assert_eq!(frame::open_handshake(KEY, &h[4..]).unwrap(), ("box-a".to_string(), n));
+fn handshake_needs_the_key_and_opposite_sides() {
+    let a = hello(Side::Dialer, "box-a");
+    let h = frame::seal_handshake(KEY, &a);
+    assert_eq!(frame::open_handshake(KEY, &h[4..]).unwrap(), a);
     assert_eq!(frame::open_handshake(b"not the right key at all........", &h[4..]), Err(FrameError::BadTag));
     assert!(frame::open_handshake(KEY, b"short").is_err());
+    // Two acceptors (an attacker relaying between both listeners) or two diallers get no session.
+    let (x, y) = (hello(Side::Acceptor, "box-a"), hello(Side::Acceptor, "box-b"));
+    assert_eq!(frame::session(KEY, &x, &y).err(), Some(FrameError::SameSide(Side::Acceptor)));
+    let (x, y) = (hello(Side::Dialer, "box-a"), hello(Side::Dialer, "box-b"));
+    assert_eq!(frame::session(KEY, &x, &y).err(), Some(FrameError::SameSide(Side::Dialer)));
 }
 
 // ---- the conflict rule -----------------------------------------------------------------------
@@ -197,7 +242,12 @@ fn mark_synced_compares_the_version() {
     // A renewal lands while the update for `sent` is in flight.
     a.lease(ip(10), &key(1), &mac(1), None, 1000, 101);
     let mut m = Merged::default();
-    let resend = merge::settle(&mut a, vec![EntryResult { addr: ip(10), version: sent, outcome: EntryOutcome::Applied }], 102, &mut m);
+    let resend = merge::settle(
+        &mut a,
+        vec![EntryResult { addr: ip(10), version: sent, outcome: EntryOutcome::Applied }],
+        102,
+        &mut m,
+    );
     assert!(resend.is_empty());
     assert!(m.marks.is_empty(), "the renewal must stay unsynced");
     assert!(!a.is_synced(ip(10)));
@@ -261,7 +311,7 @@ proptest! {
 
 struct SimNode {
     alloc: Allocator,
-    m: Machine,
+    m: SyncSession,
     /// Partner batches merged but not yet "durable": acknowledged when the test commits them.
     commits: VecDeque<(u64, u64, Vec<EntryResult>)>,
     readiness: Readiness,
@@ -285,16 +335,29 @@ fn timing() -> Timing {
 impl Sim {
     fn new() -> Sim {
         let now = Instant::now();
-        let node = |name: &str, id: u64| SimNode { alloc: Allocator::new(&config()), m: Machine::new(timing(), name.into(), id, None, now), commits: VecDeque::new(), readiness: Readiness::Waiting };
-        Sim { nodes: [node("a", 11), node("b", 22)], wire: [VecDeque::new(), VecDeque::new()], connected: false, session: 0, now, unix: 1000, conflicts: 0 }
+        let node = |name: &str, id: u64| SimNode {
+            alloc: Allocator::new(&config()),
+            m: SyncSession::new(timing(), name.into(), id, None, now),
+            commits: VecDeque::new(),
+            readiness: Readiness::Waiting,
+        };
+        Sim {
+            nodes: [node("a", 11), node("b", 22)],
+            wire: [VecDeque::new(), VecDeque::new()],
+            connected: false,
+            session: 0,
+            now,
+            unix: 1000,
+            conflicts: 0,
+        }
     }
 
-    fn act(&mut self, i: usize, actions: Vec<Action>) {
+    fn act(&mut self, i: usize, actions: Vec<SyncAction>) {
         for a in actions {
             match a {
-                Action::Send(m) if self.connected => self.wire[1 - i].push_back(m),
-                Action::Close(_) => self.disconnect(),
-                Action::Apply { batch, kind, entries } => {
+                SyncAction::Send(m) if self.connected => self.wire[1 - i].push_back(m),
+                SyncAction::Close(_) => self.disconnect(),
+                SyncAction::Apply { batch, kind, entries } => {
                     let mut merged = Merged::default();
                     let n = &mut self.nodes[i];
                     let results = merge::apply_batch(&mut n.alloc, &entries, kind, self.unix, &mut merged);
@@ -304,14 +367,14 @@ impl Sim {
                     let resend: Vec<Ipv4Addr> = merged.transitions.iter().map(|t| t.new.addr).collect();
                     self.resend(i, resend);
                 }
-                Action::Settle(results) => {
+                SyncAction::Settle(results) => {
                     let mut merged = Merged::default();
                     let resend = merge::settle(&mut self.nodes[i].alloc, results, self.unix, &mut merged);
                     self.conflicts += merged.conflicts.len();
                     self.resend(i, resend);
                 }
-                Action::ResetMarks { .. } => self.nodes[i].alloc.reset_marks(),
-                Action::Readiness(r) => self.nodes[i].readiness = r,
+                SyncAction::ResetMarks { .. } => self.nodes[i].alloc.reset_marks(),
+                SyncAction::Readiness(r) => self.nodes[i].readiness = r,
                 _ => {}
             }
         }
@@ -319,7 +382,8 @@ impl Sim {
 
     fn resend(&mut self, i: usize, addrs: Vec<Ipv4Addr>) {
         let n = &mut self.nodes[i];
-        let v: Vec<Binding> = addrs.into_iter().filter(|a| !n.alloc.is_synced(*a)).filter_map(|a| n.alloc.binding(a).cloned()).collect();
+        let v: Vec<Binding> =
+            addrs.into_iter().filter(|a| !n.alloc.is_synced(*a)).filter_map(|a| n.alloc.binding(a).cloned()).collect();
         let (_, acts) = n.m.local_changes(self.now, v, false);
         self.act(i, acts);
     }
@@ -377,7 +441,11 @@ impl Sim {
             }
         } else {
             match n.alloc.choose(0, &key(client), &mac(client), None, None, unix) {
-                Choice::Offer { addr, .. } if n.alloc.may_lease(addr, &key(client), &mac(client), None, unix).is_ok() => n.alloc.lease(addr, &key(client), &mac(client), None, 1000, unix),
+                Choice::Offer { addr, .. }
+                    if n.alloc.may_lease(addr, &key(client), &mac(client), None, unix).is_ok() =>
+                {
+                    n.alloc.lease(addr, &key(client), &mac(client), None, 1000, unix)
+                }
                 _ => vec![],
             }
         };
@@ -433,7 +501,10 @@ fn replay_after_disconnect_loses_nothing() {
     s.assert_converged();
     let b = &s.nodes[1].alloc;
     for c in [1u8, 3, 4, 5, 6, 7, 8, 9] {
-        assert!(b.current(0, &key(c)).is_some_and(|l| l.state == LeaseState::Leased), "client {c}'s lease missing on the standby");
+        assert!(
+            b.current(0, &key(c)).is_some_and(|l| l.state == LeaseState::Leased),
+            "client {c}'s lease missing on the standby"
+        );
     }
     assert!(b.current(0, &key(2)).is_none(), "the release reached the standby");
 }
@@ -450,7 +521,12 @@ fn a_wiped_box_gets_the_full_table() {
     s.assert_converged();
     s.disconnect();
     // Box b comes back with an empty disk: a new store identity and no partner recorded.
-    s.nodes[1] = SimNode { alloc: Allocator::new(&config()), m: Machine::new(timing(), "b".into(), 33, None, s.now), commits: VecDeque::new(), readiness: Readiness::Waiting };
+    s.nodes[1] = SimNode {
+        alloc: Allocator::new(&config()),
+        m: SyncSession::new(timing(), "b".into(), 33, None, s.now),
+        commits: VecDeque::new(),
+        readiness: Readiness::Waiting,
+    };
     s.connect();
     s.quiesce();
     s.assert_converged();
@@ -461,9 +537,9 @@ fn a_wiped_box_gets_the_full_table() {
 #[test]
 fn startup_reports_an_unreachable_partner_after_the_wait() {
     let now = Instant::now();
-    let mut m = Machine::new(timing(), "a".into(), 1, Some(2), now);
+    let mut m = SyncSession::new(timing(), "a".into(), 1, Some(2), now);
     assert!(m.tick(now + Duration::from_secs(1)).is_empty());
-    assert_eq!(m.tick(now + Duration::from_secs(6)), vec![Action::Readiness(Readiness::PeerUnreachable)]);
+    assert_eq!(m.tick(now + Duration::from_secs(6)), vec![SyncAction::Readiness(Readiness::PartnerUnreachable)]);
 }
 
 #[test]
@@ -477,13 +553,13 @@ fn held_acks_are_released_by_the_timeout_and_later_ones_do_not_wait() {
     let batch = held.expect("held while the partner keeps up");
     // The partner never answers: after ack_timeout the ACK goes out and the partner is behind.
     let acts = s.nodes[0].m.tick(s.now + Duration::from_millis(250));
-    assert!(acts.contains(&Action::ReleaseGates(vec![batch])), "{acts:?}");
-    assert!(acts.contains(&Action::Reachable(false)), "{acts:?}");
+    assert!(acts.contains(&SyncAction::ReleaseGates(vec![batch])), "{acts:?}");
+    assert!(acts.contains(&SyncAction::Reachable(false)), "{acts:?}");
     let (held, _) = s.nodes[0].m.local_changes(s.now, vec![b], true);
     assert_eq!(held, None, "an unreachable partner holds nothing");
     // No acknowledgement by the request deadline closes the link.
     let acts = s.nodes[0].m.tick(s.now + Duration::from_secs(6));
-    assert!(acts.iter().any(|a| matches!(a, Action::Close(_))), "{acts:?}");
+    assert!(acts.iter().any(|a| matches!(a, SyncAction::Close(_))), "{acts:?}");
 }
 
 #[test]
@@ -514,13 +590,20 @@ fn primary_revived_conflict_ends_with_the_same_table_on_both_boxes() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Client { node: usize, client: u8, release: bool },
+    Client {
+        node: usize,
+        client: u8,
+        release: bool,
+    },
     Deliver(usize),
     Commit(usize),
     Disconnect,
     Connect,
     /// A new election term on one box (terms only grow, as the election hands them out).
-    Term { node: usize, bump: u64 },
+    Term {
+        node: usize,
+        bump: u64,
+    },
     Time(u64),
     Reap(usize),
 }
@@ -579,4 +662,64 @@ fn table_trait_pages_in_address_order() {
     a.lease(ip(11), &key(2), &mac(2), None, 1000, 1);
     assert_eq!(a.to_send(false), vec![ip(11), ip(15)]);
     assert_eq!(Table::bucket(&a, u32::from(ip(0)) >> 8).len(), 2);
+}
+
+// ---- configuration digest in Hello -----------------------------------------------------------
+
+/// Each side's Hello carries its configuration digest; each side reports the partner's and
+/// whether it equals its own.
+fn partner_configs(a: [u8; 32], b: [u8; 32]) -> [Vec<([u8; 32], bool)>; 2] {
+    let now = Instant::now();
+    let alloc = Allocator::new(&config());
+    let mut m =
+        [SyncSession::new(timing(), "a".into(), 1, None, now), SyncSession::new(timing(), "b".into(), 2, None, now)];
+    m[0].set_config_digest(a);
+    m[1].set_config_digest(b);
+    let hellos: Vec<Vec<Message>> = m
+        .iter_mut()
+        .map(|n| {
+            n.link_up(now, 1)
+                .into_iter()
+                .filter_map(|a| match a {
+                    SyncAction::Send(msg @ Message::Hello { .. }) => Some(msg),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let mut seen = [Vec::new(), Vec::new()];
+    for i in 0..2 {
+        for msg in &hellos[1 - i] {
+            // Through the codec, as on the wire.
+            let msg = protocol::decode(&protocol::encode(msg)).unwrap();
+            for act in m[i].receive(now, msg, &alloc) {
+                if let SyncAction::PartnerConfig { digest, same } = act {
+                    seen[i].push((digest, same));
+                }
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn hello_carries_the_config_digest_and_a_difference_is_reported() {
+    let (x, y) = ([1u8; 32], [2u8; 32]);
+    assert_eq!(partner_configs(x, x), [vec![(x, true)], vec![(x, true)]]);
+    assert_eq!(partner_configs(x, y), [vec![(y, false)], vec![(x, false)]]);
+}
+
+#[test]
+fn a_partner_on_another_protocol_version_is_named_in_the_error() {
+    let mut hello = protocol::encode(&Message::Hello {
+        node: "a".into(),
+        store_id: 1,
+        catch_up: CatchUpRequest::Full,
+        term: None,
+        config_digest: [0; 32],
+    });
+    hello[1..3].copy_from_slice(&1u16.to_be_bytes());
+    let err = protocol::decode(&hello).unwrap_err();
+    assert_eq!(err, DecodeError::Version(1));
+    assert!(err.to_string().contains("version 1, this box 2"), "{err}");
 }

@@ -12,15 +12,9 @@ pub const ARBITER_IP: &str = "198.18.10.1";
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
-        0
-    );
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -36,9 +30,8 @@ pub struct PgArbiter {
 impl PgArbiter {
     pub fn start(ns: Netns) -> PgArbiter {
         let dir = tempfile::Builder::new().prefix("tl-pg-").tempdir().unwrap();
-        let pg = nix::unistd::User::from_name("postgres")
-            .unwrap()
-            .expect("a postgres user (Debian package postgresql)");
+        let pg =
+            nix::unistd::User::from_name("postgres").unwrap().expect("a postgres user (Debian package postgresql)");
         std::os::unix::fs::chown(dir.path(), Some(pg.uid.as_raw()), Some(pg.gid.as_raw())).unwrap();
         let data = dir.path().join("data");
         run(Command::new("runuser")
@@ -71,24 +64,15 @@ impl PgArbiter {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let a = PgArbiter {
-            ns,
-            _dir: dir,
-            child,
-            log,
-        };
-        wait_for(
-            "the arbiter's PostgreSQL to accept connections",
-            Duration::from_secs(30),
-            || {
-                a.ns.cmd(&format!("{PG_BIN}/pg_isready"))
-                    .args(["-q", "-h", ARBITER_IP])
-                    .status()
-                    .unwrap()
-                    .success()
-                    .then_some(())
-            },
-        );
+        let a = PgArbiter { ns, _dir: dir, child, log };
+        wait_for("the arbiter's PostgreSQL to accept connections", Duration::from_secs(30), || {
+            a.ns.cmd(&format!("{PG_BIN}/pg_isready"))
+                .args(["-q", "-h", ARBITER_IP])
+                .status()
+                .unwrap()
+                .success()
+                .then_some(())
+        });
         // The role twinlease connects as; it may create its table (`twinlease arbiter init`).
         a.psql("CREATE ROLE twinlease LOGIN; GRANT CREATE ON SCHEMA public TO twinlease;");
         a
@@ -113,10 +97,7 @@ impl PgArbiter {
     /// SIGSTOP / SIGCONT every process of the instance.
     pub fn signal_all(&self, sig: &str) {
         // From outside the namespace: a shell inside it would be one of the pids it stops.
-        sh(&format!(
-            "ip netns pids {} | xargs -r kill -{sig}",
-            self.ns.name
-        ));
+        sh(&format!("ip netns pids {} | xargs -r kill -{sig}", self.ns.name));
     }
 }
 
@@ -126,21 +107,14 @@ impl Drop for PgArbiter {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!(
-                "arbiter log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
+            eprintln!("arbiter log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
         }
     }
 }
 
 pub fn field(line: &str, key: &str) -> Option<u64> {
     let at = line.find(&format!(" {key}="))? + key.len() + 2;
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
 /// Active intervals [start, end) in CLOCK_MONOTONIC ns, from one node's log. The end is the
@@ -148,19 +122,13 @@ pub fn field(line: &str, key: &str) -> Option<u64> {
 pub fn intervals(log: &str, killed_at: Option<u64>, now: u64) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     let mut open: Option<(u64, u64, u64)> = None; // start, until, term
-    let close = |o: (u64, u64, u64), end: u64, out: &mut Vec<(u64, u64, u64)>| {
-        out.push((o.0, end.min(o.1), o.2))
-    };
+    let close = |o: (u64, u64, u64), end: u64, out: &mut Vec<(u64, u64, u64)>| out.push((o.0, end.min(o.1), o.2));
     for l in log.lines() {
         if l.contains("role change") && l.contains("role=\"active\"") {
             if let Some(o) = open.take() {
                 close(o, field(l, "mono_ns").unwrap(), &mut out);
             }
-            open = Some((
-                field(l, "mono_ns").unwrap(),
-                field(l, "until_mono_ns").unwrap(),
-                field(l, "term").unwrap(),
-            ));
+            open = Some((field(l, "mono_ns").unwrap(), field(l, "until_mono_ns").unwrap(), field(l, "term").unwrap()));
         } else if l.contains("lease renewed") {
             if let Some(o) = open.as_mut() {
                 o.1 = field(l, "until_mono_ns").unwrap();
@@ -193,7 +161,13 @@ pub fn promoted_at(log: &str) -> Option<u64> {
 pub fn assert_disjoint(mut all: Vec<(String, u64, u64, u64)>, logs: &str) -> Vec<(String, u64, u64, u64)> {
     all.sort_by_key(|x| x.1);
     for w in all.windows(2) {
-        assert!(w[0].2 <= w[1].1, "active intervals overlap by {} ms: {:?} and {:?}\n{logs}", (w[0].2 - w[1].1) / 1_000_000, w[0], w[1]);
+        assert!(
+            w[0].2 <= w[1].1,
+            "active intervals overlap by {} ms: {:?} and {:?}\n{logs}",
+            (w[0].2 - w[1].1) / 1_000_000,
+            w[0],
+            w[1]
+        );
     }
     all
 }
@@ -211,10 +185,7 @@ impl ArbiterNet {
         ns.ip(&format!("link add {bridge} type bridge"));
         ns.ip(&format!("addr add {ARBITER_IP}/24 dev {bridge}"));
         ns.ip(&format!("link set {bridge} up"));
-        ArbiterNet {
-            arb: PgArbiter::start(ns),
-            bridge,
-        }
+        ArbiterNet { arb: PgArbiter::start(ns), bridge }
     }
 
     /// Plugs `ns` into the arbiter's bridge as 198.18.10.`host`; returns its interface's name.
@@ -234,9 +205,7 @@ impl ArbiterNet {
             "netns",
             &ns.name,
         ]));
-        self.arb
-            .ns
-            .ip(&format!("link set {outer} master {} up", self.bridge));
+        self.arb.ns.ip(&format!("link set {outer} master {} up", self.bridge));
         ns.ip(&format!("addr add 198.18.10.{host}/24 dev {inner}"));
         ns.ip(&format!("link set {inner} up"));
         inner

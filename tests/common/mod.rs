@@ -3,7 +3,8 @@
 //! everything is torn down on drop, also when a test fails. Addresses come from 198.18.0.0/15.
 //! Readiness is waited for (sd_notify READY=1, a client's lease file), never slept for.
 
-#![allow(dead_code)]
+// Each test binary uses a part of these fixtures, and they are crate-private by nature.
+#![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
@@ -25,7 +26,12 @@ pub fn unique(tag: &str) -> String {
 
 pub fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -72,42 +78,167 @@ impl Netns {
     pub fn sh(&self, script: &str) -> Output {
         run(self.cmd("sh").arg("-c").arg(script))
     }
+
+    /// Runs `f` on a thread of its own that has entered this namespace: sockets it opens live
+    /// in the namespace (and may be used from any thread afterwards).
+    pub fn within<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            // SAFETY: setns on a descriptor we own; it changes only this thread's namespace.
+            assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {path}");
+            f()
+        })
+        .join()
+        .unwrap()
+    }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("sh").arg("-c").arg(format!("ip netns pids {0} | xargs -r kill -9; ip netns del {0}", self.name)).status();
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ip netns pids {0} | xargs -r kill -9; ip netns del {0}", self.name))
+            .status();
     }
 }
 
-/// A LAN: a server namespace holding a bridge (the served interface, with the server's address)
-/// and any number of client namespaces attached to it by veth pairs.
-pub struct Lan {
+/// A server namespace and a relay namespace joined by a veth pair on `net` (e.g. "198.18.4"):
+/// the server is `<net>.1`, the relay (perfdhcp with `-l`) `<net>.2`, prefix `/plen`.
+pub struct RelayLab {
     pub srv: Netns,
+    pub relay: Netns,
+    pub relay_if: String,
+    pub server_ip: String,
+    pub relay_ip: String,
+}
+
+impl RelayLab {
+    pub fn new(net: &str, plen: u8) -> RelayLab {
+        let (srv, relay) = (Netns::new("s"), Netns::new("r"));
+        let (a, b) = (unique("a"), unique("b"));
+        run(Command::new("ip").args([
+            "link",
+            "add",
+            &a,
+            "netns",
+            &srv.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &b,
+            "netns",
+            &relay.name,
+        ]));
+        let (server_ip, relay_ip) = (format!("{net}.1"), format!("{net}.2"));
+        srv.ip(&format!("addr add {server_ip}/{plen} dev {a}"));
+        srv.ip(&format!("link set {a} up"));
+        relay.ip(&format!("addr add {relay_ip}/{plen} dev {b}"));
+        relay.ip(&format!("link set {b} up"));
+        RelayLab { srv, relay, relay_if: b, server_ip, relay_ip }
+    }
+
+    /// perfdhcp from the relay: `count` exchanges at `rate`/s with MACs drawn from `macs`.
+    pub fn perfdhcp(&self, macs: &Path, rate: u32, count: u32) -> Perf {
+        let out = self
+            .relay
+            .cmd("perfdhcp")
+            .args(["-4", "-l", &self.relay_ip, "-r", &rate.to_string(), "-n", &count.to_string(), "-M"])
+            .arg(macs)
+            .args(["-p", "60", &self.server_ip])
+            .output()
+            .unwrap();
+        parse_perfdhcp(&String::from_utf8_lossy(&out.stdout))
+    }
+}
+
+/// A small tmpfs mounted at `dir` for one test; unmounted on drop.
+pub struct SmallDisk {
+    pub dir: PathBuf,
+}
+
+impl SmallDisk {
+    pub fn mount(dir: &Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir));
+        SmallDisk { dir: dir.to_path_buf() }
+    }
+
+    /// A tmpfs at `<parent>/disk`.
+    pub fn new(parent: &Path, size: &str) -> SmallDisk {
+        Self::mount(&parent.join("disk"), size)
+    }
+
+    /// Fills the filesystem to the last byte.
+    pub fn fill(&self) {
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k"])
+            .arg(format!("of={}", self.dir.join("filler").display()))
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    pub fn unfill(&self) {
+        std::fs::remove_file(self.dir.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// A LAN switch: a bridge in a namespace of its own, and client hosts plugged into it by veth
+/// pairs. Both test LANs use it: [`Lan`] (a server on the bridge itself) and `pair::Pair` (two
+/// boxes plugged in like the clients).
+pub struct Switch {
+    pub ns: Netns,
     pub bridge: String,
-    pub server_ip: Ipv4Addr,
     pub clients: Vec<(Netns, String)>,
     id: String,
 }
 
-impl Lan {
-    /// `server_cidr` like "198.18.0.1/24".
-    pub fn new(server_cidr: &str) -> Lan {
-        let srv = Netns::new("s");
+impl Switch {
+    pub fn new(tag: &str) -> Switch {
+        let ns = Netns::new(tag);
         let id = unique("");
         let bridge = format!("br{id}");
-        srv.ip(&format!("link add {bridge} type bridge"));
-        srv.ip(&format!("addr add {server_cidr} dev {bridge}"));
-        srv.ip(&format!("link set {bridge} up"));
-        let server_ip = server_cidr.split('/').next().unwrap().parse().unwrap();
-        Lan { srv, bridge, server_ip, clients: Vec::new(), id }
+        ns.ip(&format!("link add {bridge} type bridge"));
+        ns.ip(&format!("link set {bridge} up"));
+        Switch { ns, bridge, clients: Vec::new(), id }
     }
 
     /// Adds a client host; returns its index. Its interface is named `c<id><n>`.
     pub fn add_client(&mut self) -> usize {
         let n = self.clients.len();
-        self.clients.push(attach_host(&self.srv, &self.bridge, &self.id, n));
+        let host = Netns::new("c");
+        let inner = format!("c{}{n}", self.id);
+        self.plug(&host, &inner, &format!("p{}{n}", self.id));
+        host.ip(&format!("link set {inner} up"));
+        self.clients.push((host, inner));
         n
+    }
+
+    /// Plugs `host` into the bridge: a veth pair, `inner` in the host, `outer` on the bridge.
+    pub fn plug(&self, host: &Netns, inner: &str, outer: &str) {
+        run(Command::new("ip").args([
+            "link",
+            "add",
+            outer,
+            "netns",
+            &self.ns.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inner,
+            "netns",
+            &host.name,
+        ]));
+        self.ns.ip(&format!("link set {outer} master {} up", self.bridge));
     }
 
     pub fn client(&self, n: usize) -> (&Netns, &str) {
@@ -127,26 +258,50 @@ impl Lan {
     }
 }
 
-/// A new host namespace plugged into `bridge` (which lives in `switch`) by a veth pair; its end
-/// is named `c<id><n>`, the bridge's end `p<id><n>`.
-pub fn attach_host(switch: &Netns, bridge: &str, id: &str, n: usize) -> (Netns, String) {
-    let ns = Netns::new("c");
-    let inner = format!("c{id}{n}");
-    let outer = format!("p{id}{n}");
-    run(Command::new("ip").args(["link", "add", &outer, "netns", &switch.name, "type", "veth", "peer", "name", &inner, "netns", &ns.name]));
-    switch.ip(&format!("link set {outer} master {bridge} up"));
-    ns.ip(&format!("link set {inner} up"));
-    (ns, inner)
+/// A LAN with the server on the switch: the bridge is the served interface and carries the
+/// server's address; the server runs in the switch's namespace (`lan.ns`).
+pub struct Lan {
+    pub sw: Switch,
+    pub server_ip: Ipv4Addr,
 }
 
-/// A twinlease process in a namespace, started with a NOTIFY_SOCKET the test owns.
+impl Lan {
+    /// `server_cidr` like "198.18.0.1/24".
+    pub fn new(server_cidr: &str) -> Lan {
+        let sw = Switch::new("s");
+        sw.ns.ip(&format!("addr add {server_cidr} dev {}", sw.bridge));
+        let server_ip = server_cidr.split('/').next().unwrap().parse().unwrap();
+        Lan { sw, server_ip }
+    }
+}
+
+impl std::ops::Deref for Lan {
+    type Target = Switch;
+    fn deref(&self) -> &Switch {
+        &self.sw
+    }
+}
+
+impl std::ops::DerefMut for Lan {
+    fn deref_mut(&mut self) -> &mut Switch {
+        &mut self.sw
+    }
+}
+
+/// A twinlease process in a namespace, started with a NOTIFY_SOCKET the test owns (built by
+/// [`Server::builder`]). Every notification it sends is kept with its arrival time. Killed on
+/// drop.
 pub struct Server {
     pub child: Child,
     pub dir: PathBuf,
     pub config: PathBuf,
+    /// Holds its status.sock and control.sock.
+    pub runtime_dir: PathBuf,
     pub ns: String,
     notify: UnixDatagram,
     pub log: PathBuf,
+    /// (arrival, message) for every notification received so far.
+    pub got: Vec<(Instant, String)>,
 }
 
 /// A config file's text for a LAN test: `[node]` with the state dir under `dir`, then `body`.
@@ -154,48 +309,169 @@ pub fn config_text(dir: &Path, body: &str) -> String {
     format!("[node]\nname = \"test\"\nstate_dir = \"{}\"\n{body}", dir.join("state").display())
 }
 
-impl Server {
-    /// Writes `config` to `dir`, starts the daemon in `ns` and waits for READY=1.
-    pub fn start(ns: &Netns, dir: &Path, config: &str) -> Server {
-        let path = dir.join("twinlease.toml");
-        std::fs::write(&path, config).unwrap();
-        Self::start_with(ns, dir, &path, &[])
+/// How to start a test box: the one way every integration test starts `twinlease run`.
+pub struct ServerBuilder<'a> {
+    ns: &'a Netns,
+    dir: PathBuf,
+    config: Option<PathBuf>,
+    pin: Option<String>,
+    prefix: Vec<String>,
+    env: Vec<(String, Option<String>)>,
+}
+
+impl<'a> ServerBuilder<'a> {
+    /// Writes `text` to `<dir>/twinlease.toml` and uses it.
+    pub fn config_text(mut self, text: &str) -> Self {
+        let path = self.dir.join("twinlease.toml");
+        std::fs::write(&path, text).unwrap();
+        self.config = Some(path);
+        self
     }
 
-    pub fn start_with(ns: &Netns, dir: &Path, config: &Path, env: &[(&str, &str)]) -> Server {
-        let sock_path = dir.join(format!("notify-{}.sock", unique("")));
+    pub fn config(mut self, path: &Path) -> Self {
+        self.config = Some(path.to_path_buf());
+        self
+    }
+
+    /// `--pin-role`: "standby" or "active:TERM", instead of the election.
+    pub fn pin(mut self, role: &str) -> Self {
+        self.pin = Some(role.to_string());
+        self
+    }
+
+    /// Runs `prefix... BIN run ...` (the prefix may drop privileges or change mounts; it must
+    /// exec, so the child's pid is the daemon's).
+    pub fn prefix(mut self, prefix: &[&str]) -> Self {
+        self.prefix = prefix.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), Some(value.to_string())));
+        self
+    }
+
+    pub fn unset(mut self, key: &str) -> Self {
+        self.env.push((key.to_string(), None));
+        self
+    }
+
+    /// `WatchdogSec=` as systemd passes it.
+    pub fn watchdog(self, usec: &str) -> Self {
+        self.env("WATCHDOG_USEC", usec)
+    }
+
+    /// Starts the daemon without waiting for anything.
+    pub fn spawn(self) -> Server {
+        let config = self.config.expect("a config: config_text() or config()");
+        let sock_path = self.dir.join(format!("notify-{}.sock", unique("")));
         let _ = std::fs::remove_file(&sock_path);
         let notify = UnixDatagram::bind(&sock_path).unwrap();
-        notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        let log = dir.join("server.log");
+        // The daemon may run as another user: it needs write permission on the socket.
+        std::fs::set_permissions(&sock_path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        notify.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let log = self.dir.join("server.log");
         let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let mut cmd = ns.cmd(BIN);
-        cmd.args(["run", "--config"]).arg(config).env("NOTIFY_SOCKET", &sock_path).env("TWINLEASE_LOG_STDERR", "1").env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into())).stdout(Stdio::null()).stderr(logf);
-        for (k, v) in env {
-            cmd.env(k, v);
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = self.ns.cmd(first);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => self.ns.cmd(BIN),
+        };
+        cmd.arg("run");
+        if let Some(role) = &self.pin {
+            cmd.args(["--pin-role", role]);
+        }
+        // Every test box has sockets of its own, in a directory the daemon may use whatever user
+        // it runs as.
+        let runtime_dir = self.dir.join(format!("run-{}", unique("")));
+        std::fs::create_dir_all(&runtime_dir).unwrap();
+        std::fs::set_permissions(&runtime_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        cmd.arg("--runtime-dir").arg(&runtime_dir);
+        cmd.arg("--config").arg(&config).env("NOTIFY_SOCKET", &sock_path).env("TWINLEASE_LOG_STDERR", "1");
+        cmd.env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()));
+        cmd.env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID").stdout(Stdio::null()).stderr(logf);
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
         }
         let child = cmd.spawn().unwrap();
-        let mut s = Server { child, dir: dir.to_path_buf(), config: config.to_path_buf(), ns: ns.name.clone(), notify, log };
+        Server { child, dir: self.dir, config, runtime_dir, ns: self.ns.name.clone(), notify, log, got: Vec::new() }
+    }
+
+    /// Starts the daemon and waits for READY=1.
+    pub fn start(self) -> Server {
+        let mut s = self.spawn();
         s.wait_notify("READY=1", Duration::from_secs(20));
         s
+    }
+}
+
+impl Server {
+    pub fn builder<'a>(ns: &'a Netns, dir: &Path) -> ServerBuilder<'a> {
+        ServerBuilder { ns, dir: dir.to_path_buf(), config: None, pin: None, prefix: Vec::new(), env: Vec::new() }
+    }
+
+    /// `builder(ns, dir).config_text(config).start()`, the common case.
+    pub fn start(ns: &Netns, dir: &Path, config: &str) -> Server {
+        Self::builder(ns, dir).config_text(config).start()
+    }
+
+    /// Receives notifications until `deadline` or until `stop` holds for one (then `true`).
+    pub fn collect_until(&mut self, deadline: Instant, mut stop: impl FnMut(&str) -> bool) -> bool {
+        let mut buf = [0u8; 4096];
+        while Instant::now() < deadline {
+            if let Ok(n) = self.notify.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+                self.got.push((Instant::now(), msg.clone()));
+                if stop(&msg) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Waits for a notify message containing `what`; returns the message.
     pub fn wait_notify(&mut self, what: &str, limit: Duration) -> String {
-        let start = Instant::now();
-        let mut buf = [0u8; 4096];
+        let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("twinlease exited ({status}) before {what}:\n{}", self.log_text());
             }
-            if let Ok(n) = self.notify.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
-                if msg.contains(what) {
-                    return msg;
-                }
+            let step = (Instant::now() + Duration::from_millis(200)).min(deadline);
+            if self.collect_until(step, |m| m.contains(what)) {
+                return self.got.last().unwrap().1.clone();
             }
-            assert!(start.elapsed() < limit, "no {what} from twinlease within {limit:?}:\n{}", self.log_text());
+            assert!(Instant::now() < deadline, "no {what} from twinlease within {limit:?}:\n{}", self.log_text());
         }
+    }
+
+    /// Waits for a STATUS= line for which `want` holds; returns it.
+    pub fn wait_status(&mut self, limit: Duration, want: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            let msg = self.wait_notify("STATUS=", left.max(Duration::from_millis(1)));
+            if let Some(status) = msg.lines().find_map(|l| l.strip_prefix("STATUS="))
+                && want(status)
+            {
+                return status.to_string();
+            }
+        }
+    }
+
+    /// Arrival times of WATCHDOG=1 pings at or after `from`.
+    pub fn pings_since(&self, from: Instant) -> Vec<Instant> {
+        self.got.iter().filter(|(t, m)| *t >= from && m.lines().any(|l| l == "WATCHDOG=1")).map(|(t, _)| *t).collect()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        run(Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()));
     }
 
     pub fn log_text(&self) -> String {
@@ -211,12 +487,64 @@ impl Server {
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) {
         let _ = nix_kill(self.child.id(), "TERM");
-        let status = wait_for("twinlease to exit after SIGTERM", Duration::from_secs(10), || self.child.try_wait().unwrap());
+        let status =
+            wait_for("twinlease to exit after SIGTERM", Duration::from_secs(10), || self.child.try_wait().unwrap());
         assert!(status.success(), "twinlease did not stop cleanly: {status}\n{}", self.log_text());
     }
 
     pub fn leases(&self) -> Vec<serde_json::Value> {
         leases(&self.config)
+    }
+
+    /// Sends `command` on the status socket (or, `act`, the control socket); the answer.
+    pub fn ask(
+        &self,
+        command: &str,
+        arguments: serde_json::Value,
+        act: bool,
+    ) -> twinlease::server::control::protocol::Response {
+        use twinlease::server::control::{client, protocol::Request};
+        let serde_json::Value::Object(args) = arguments else { panic!("arguments are an object") };
+        let socket = self.runtime_dir.join(if act { "control.sock" } else { "status.sock" });
+        client::ask(&socket, &Request::new(command, args))
+            .unwrap_or_else(|e| panic!("{command}: {e}\n{}", self.log_text()))
+    }
+
+    /// The box's status (status-get).
+    pub fn status(&self) -> twinlease::server::control::Status {
+        let r = self.ask("status-get", serde_json::json!({}), false);
+        assert_eq!(r.result, 0, "{}", r.text);
+        serde_json::from_value(r.arguments.unwrap()).unwrap()
+    }
+
+    /// The partner part of the status (a box with `[peer]`).
+    pub fn partner(&self) -> twinlease::server::control::status::PartnerStatus {
+        self.status().partner.expect("a box with a [peer] section")
+    }
+
+    /// Waits until `f` holds for the partner part of the box's status.
+    pub fn wait_partner(
+        &self,
+        what: &str,
+        limit: Duration,
+        f: impl Fn(&twinlease::server::control::status::PartnerStatus) -> bool,
+    ) {
+        wait_for(what, limit, || f(&self.partner()).then_some(()));
+    }
+
+    /// Whether the box holds the active role, by its status.
+    pub fn is_active(&self) -> bool {
+        self.status().role.state == "active"
+    }
+
+    /// Waits until `f` holds for the box's status; returns that status.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        limit: Duration,
+        f: impl Fn(&twinlease::server::control::Status) -> bool,
+    ) -> twinlease::server::control::Status {
+        wait_for(what, limit, || Some(self.status()).filter(|s| f(s)))
     }
 }
 
@@ -264,7 +592,11 @@ pub fn events(file: &Path) -> Vec<ClientEvent> {
         .lines()
         .map_while(Result::ok)
         .map(|l| {
-            let fields: Vec<(String, String)> = l.split('\t').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let fields: Vec<(String, String)> = l
+                .split('\t')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
             let get = |k: &str| fields.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone()).unwrap_or_default();
             ClientEvent { reason: get("reason"), ip: get("ip"), fields }
         })
@@ -330,7 +662,15 @@ pub fn dhclient(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Child, 
 /// Runs dhclient once more in release mode (-r) with the same lease file.
 pub fn dhclient_release(ns: &Netns, iface: &str, dir: &Path) {
     let script = dir.join(format!("dhclient-{iface}.sh"));
-    run(ns.cmd("dhclient").args(["-r", "-sf"]).arg(&script).arg("-lf").arg(dir.join(format!("dhclient-{iface}.leases"))).arg("-pf").arg(dir.join(format!("dhclient-{iface}-r.pid"))).arg(iface));
+    run(ns
+        .cmd("dhclient")
+        .args(["-r", "-sf"])
+        .arg(&script)
+        .arg("-lf")
+        .arg(dir.join(format!("dhclient-{iface}.leases")))
+        .arg("-pf")
+        .arg(dir.join(format!("dhclient-{iface}-r.pid")))
+        .arg(iface));
 }
 
 /// busybox udhcpc until it has a lease (-q), with a hook script recording events.
@@ -345,7 +685,13 @@ pub fn udhcpc_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Outp
             ev = ev.display()
         ),
     );
-    let out = ns.cmd("udhcpc").args(["-f", "-q", "-n", "-t", "5", "-T", "2", "-i", iface, "-s"]).arg(&script).args(extra).output().unwrap();
+    let out = ns
+        .cmd("udhcpc")
+        .args(["-f", "-q", "-n", "-t", "5", "-T", "2", "-i", iface, "-s"])
+        .arg(&script)
+        .args(extra)
+        .output()
+        .unwrap();
     (out, ev)
 }
 
@@ -353,7 +699,13 @@ pub fn udhcpc_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Outp
 pub fn dhcpcd_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Output, PathBuf) {
     let ev = dir.join(format!("dhcpcd-{iface}.events"));
     let script = dir.join(format!("dhcpcd-{iface}.sh"));
-    write_script(&script, &format!("printf 'reason=%s\\tip=%s\\tlease=%s\\n' \"$reason\" \"$new_ip_address\" \"$new_dhcp_lease_time\" >> {}\n", ev.display()));
+    write_script(
+        &script,
+        &format!(
+            "printf 'reason=%s\\tip=%s\\tlease=%s\\n' \"$reason\" \"$new_ip_address\" \"$new_dhcp_lease_time\" >> {}\n",
+            ev.display()
+        ),
+    );
     // dhcpcd keeps leases per interface name in /var/lib/dhcpcd; names can repeat across runs,
     // and an old lease would turn a fresh DORA into an INIT-REBOOT.
     let forget = || sh(&format!("rm -f /var/lib/dhcpcd/{iface}.lease /var/lib/dhcpcd/{iface}-*.lease"));
@@ -362,7 +714,14 @@ pub fn dhcpcd_once(ns: &Netns, iface: &str, dir: &Path, extra: &[&str]) -> (Outp
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     forget();
-    let out = ns.cmd("dhcpcd").args(["-4", "-1", "-B", "-f", "/dev/null", "--noipv4ll", "-t", "20", "-c"]).arg(&script).args(extra).arg(iface).output().unwrap();
+    let out = ns
+        .cmd("dhcpcd")
+        .args(["-4", "-1", "-B", "-f", "/dev/null", "--noipv4ll", "-t", "20", "-c"])
+        .arg(&script)
+        .args(extra)
+        .arg(iface)
+        .output()
+        .unwrap();
     forget();
     (out, ev)
 }
@@ -441,11 +800,22 @@ pub fn pcap_replies_at(path: &Path) -> Vec<WireReply> {
         return out;
     }
     let le = data[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
-    let linktype = if le { u32::from_le_bytes(data[20..24].try_into().unwrap()) } else { u32::from_be_bytes(data[20..24].try_into().unwrap()) };
+    let linktype = if le {
+        u32::from_le_bytes(data[20..24].try_into().unwrap())
+    } else {
+        u32::from_be_bytes(data[20..24].try_into().unwrap())
+    };
     let mut off = 24;
     while off + 16 <= data.len() {
-        let word = |at: usize| if le { u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) } else { u32::from_be_bytes(data[at..at + 4].try_into().unwrap()) };
-        let at = std::time::UNIX_EPOCH + Duration::from_secs(word(off).into()) + Duration::from_micros(word(off + 4).into());
+        let word = |at: usize| {
+            if le {
+                u32::from_le_bytes(data[at..at + 4].try_into().unwrap())
+            } else {
+                u32::from_be_bytes(data[at..at + 4].try_into().unwrap())
+            }
+        };
+        let at =
+            std::time::UNIX_EPOCH + Duration::from_secs(word(off).into()) + Duration::from_micros(word(off + 4).into());
         let incl = word(off + 8) as usize;
         let start = off + 16;
         let end = (start + incl).min(data.len());
@@ -501,9 +871,12 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 }
 pub mod arbiter;
 pub mod pair;
+pub mod site;
 
 /// tcpdump writing DHCP replies (UDP from port 67) seen on one interface to a pcap file;
-/// `start` returns once tcpdump says it is listening.
+/// `start` returns once tcpdump says it is listening. Immediate mode: without it, packets wait
+/// in the kernel's capture buffer for up to a second, and those still waiting when the capture
+/// stops are lost.
 pub struct Capture {
     child: Child,
     pub path: PathBuf,
@@ -511,7 +884,15 @@ pub struct Capture {
 
 impl Capture {
     pub fn start(ns: &Netns, iface: &str, path: &Path) -> Capture {
-        let mut child = ns.cmd("tcpdump").args(["-i", iface, "-U", "-n", "-w"]).arg(path).args(["udp", "and", "src", "port", "67"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut child = ns
+            .cmd("tcpdump")
+            .args(["-i", iface, "-U", "--immediate-mode", "-n", "-w"])
+            .arg(path)
+            .args(["udp", "and", "src", "port", "67"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut err = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         while err.read_line(&mut line).unwrap() > 0 && !line.contains("listening on") {

@@ -4,42 +4,38 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use super::*;
 
 pub struct Pair {
-    pub sw: Netns,
-    pub bridge: String,
+    /// The client LAN; the boxes are plugged into it like clients (`p.add_client()` adds one).
+    pub sw: Switch,
     pub boxes: [Netns; 2],
     /// LAN interface of each box.
     pub lan: [String; 2],
     /// Peer-link interface of each box.
     pub link: [String; 2],
-    pub clients: Vec<(Netns, String)>,
     pub dir: tempfile::TempDir,
-    id: String,
 }
 
 impl Pair {
     pub fn new() -> Pair {
-        let sw = Netns::new("w");
+        let sw = Switch::new("w");
         let id = unique("");
-        let bridge = format!("br{id}");
-        sw.ip(&format!("link add {bridge} type bridge"));
-        sw.ip(&format!("link set {bridge} up"));
         let boxes = [Netns::new("a"), Netns::new("b")];
         let lan = [format!("la{id}"), format!("lb{id}")];
         let link = [format!("ka{id}"), format!("kb{id}")];
         for (i, ns) in boxes.iter().enumerate() {
-            let outer = format!("o{}{id}", ["a", "b"][i]);
-            run(Command::new("ip").args(["link", "add", &outer, "netns", &sw.name, "type", "veth", "peer", "name", &lan[i], "netns", &ns.name]));
-            sw.ip(&format!("link set {outer} master {bridge} up"));
+            sw.plug(ns, &lan[i], &format!("o{}{id}", ["a", "b"][i]));
             ns.ip(&format!("addr add 198.18.0.{}/24 dev {}", i + 1, lan[i]));
             ns.ip(&format!("link set {} up", lan[i]));
         }
-        run(Command::new("ip").args(["link", "add", &link[0], "netns", &boxes[0].name, "type", "veth", "peer", "name", &link[1], "netns", &boxes[1].name]));
+        let (a, b) = (&boxes[0], &boxes[1]);
+        run(Command::new("ip").args([
+            "link", "add", &link[0], "netns", &a.name, "type", "veth", "peer", "name", &link[1], "netns", &b.name,
+        ]));
         for i in 0..2 {
             boxes[i].ip(&format!("addr add 198.18.1.{}/30 dev {}", i + 1, link[i]));
             boxes[i].ip(&format!("link set {} up", link[i]));
@@ -48,18 +44,7 @@ impl Pair {
         let key = dir.path().join("peer.key");
         std::fs::write(&key, "c2hhcmVkIHNlY3JldCBmb3IgdGhlIHBhaXIgdGVzdHM=\n").unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        Pair { sw, bridge, boxes, lan, link, clients: Vec::new(), dir, id }
-    }
-
-    pub fn add_client(&mut self) -> usize {
-        let n = self.clients.len();
-        self.clients.push(attach_host(&self.sw, &self.bridge, &self.id, n));
-        n
-    }
-
-    pub fn client(&self, n: usize) -> (&Netns, &str) {
-        let (ns, i) = &self.clients[n];
-        (ns, i.as_str())
+        Pair { sw, boxes, lan, link, dir }
     }
 
     /// Box `i`'s directory (config, state, log).
@@ -92,7 +77,7 @@ impl Pair {
 
     /// Starts box `i` with its role pinned ("standby" or "active:TERM").
     pub fn start(&self, i: usize, config: &Path, role: &str) -> Server {
-        start_pinned(&self.boxes[i], &self.box_dir(i), config, role)
+        Server::builder(&self.boxes[i], &self.box_dir(i)).config(config).pin(role).start()
     }
 
     /// Drops every packet on the peer link (both directions), leaving the LAN alone.
@@ -108,41 +93,17 @@ impl Pair {
     }
 }
 
-/// Like `Server::start_with`, with `--pin-role` (the election is not deciding roles here).
-pub fn start_pinned(ns: &Netns, dir: &Path, config: &Path, role: &str) -> Server {
-    let sock_path = dir.join(format!("notify-{}.sock", unique("")));
-    let _ = std::fs::remove_file(&sock_path);
-    let notify = UnixDatagram::bind(&sock_path).unwrap();
-    notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let log = dir.join("server.log");
-    let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-    let child = ns
-        .cmd(BIN)
-        .args(["run", "--pin-role", role, "--config"])
-        .arg(config)
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env("TWINLEASE_LOG_STDERR", "1")
-        .env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .stdout(Stdio::null())
-        .stderr(logf)
-        .spawn()
-        .unwrap();
-    let mut s = Server { child, dir: dir.to_path_buf(), config: config.to_path_buf(), ns: ns.name.clone(), notify, log };
-    s.wait_notify("READY=1", Duration::from_secs(20));
-    s
-}
-
 /// The replicated part of each busy or touched row, keyed by address: what both boxes must
 /// agree on (versions and sync marks are per box).
 pub fn table(rows: &[serde_json::Value]) -> std::collections::BTreeMap<String, String> {
     rows.iter()
-        .map(|r| (r["address"].as_str().unwrap().to_string(), format!("{} {} {} {} {}", r["state"], r["client"], r["expires"], r["cltt"], r["term"])))
+        .map(|r| {
+            (
+                r["address"].as_str().unwrap().to_string(),
+                format!("{} {} {} {} {}", r["state"], r["client"], r["expires"], r["cltt"], r["term"]),
+            )
+        })
         .collect()
-}
-
-/// Waits until `log` (a server's log file) contains `text` at least `count` times.
-pub fn wait_log(server: &Server, text: &str, count: usize, limit: Duration) {
-    wait_for(&format!("{count}× {text:?} in {}", server.log.display()), limit, || (server.log_text().matches(text).count() >= count).then_some(()));
 }
 
 /// Waits until both boxes show the same table; on timeout shows both tables and logs.
@@ -154,8 +115,25 @@ pub fn converge(a: &Server, b: &Server, limit: Duration) {
             return;
         }
         if start.elapsed() > limit {
-            panic!("tables differ after {limit:?}:\n a: {ta:#?}\n b: {tb:#?}\n--- a log ---\n{}\n--- b log ---\n{}", a.log_text(), b.log_text());
+            panic!(
+                "tables differ after {limit:?}:\n a: {ta:#?}\n b: {tb:#?}\n--- a log ---\n{}\n--- b log ---\n{}",
+                a.log_text(),
+                b.log_text()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl std::ops::Deref for Pair {
+    type Target = Switch;
+    fn deref(&self) -> &Switch {
+        &self.sw
+    }
+}
+
+impl std::ops::DerefMut for Pair {
+    fn deref_mut(&mut self) -> &mut Switch {
+        &mut self.sw
     }
 }

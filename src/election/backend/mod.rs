@@ -71,22 +71,67 @@ pub enum InitOutcome {
     AdoptedTimeout { old_ms: u64 },
 }
 
+/// An error from a database driver, a TLS library or the file system, kept as the source.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
-    #[error("cannot connect to the arbiter: {0}")]
-    Connect(String),
-    #[error("arbiter statement failed: {0}")]
-    Query(String),
+    #[error("cannot connect to the arbiter: {}", Chain(&**source))]
+    Connect {
+        #[source]
+        source: Cause,
+    },
+    #[error("arbiter statement failed: {}", Chain(&**source))]
+    Query {
+        #[source]
+        source: Cause,
+    },
     #[error("the arbiter returned a corrupt row: {0}")]
     Corrupt(String),
-    #[error("arbiter url: {0}")]
-    Url(String),
-    #[error("TLS set-up: {0}")]
-    Tls(String),
-    #[error("cannot read the password file {path}: {source}")]
-    Password { path: String, source: std::io::Error },
-    #[error("the row for utype {utype:?} is live with T = {stored_ms} ms, not {wanted_ms} ms; stop the active box (or wait until its heartbeat expires) before changing T")]
+    #[error("arbiter url: {what}")]
+    Url { what: String, source: Option<Cause> },
+    #[error("TLS set-up: {what}{}", source.as_deref().map(|s| format!(": {}", Chain(s))).unwrap_or_default())]
+    Tls { what: String, source: Option<Cause> },
+    #[error(transparent)]
+    Password(#[from] crate::config::ConfigError),
+    #[error(
+        "the row for utype {utype:?} is live with T = {stored_ms} ms, not {wanted_ms} ms; stop the active box (or wait until its heartbeat expires) before changing T"
+    )]
     TimeoutMismatch { utype: String, stored_ms: u64, wanted_ms: u64 },
+}
+
+impl ArbiterError {
+    pub fn connect(e: impl Into<Cause>) -> ArbiterError {
+        ArbiterError::Connect { source: e.into() }
+    }
+
+    pub fn query(e: impl Into<Cause>) -> ArbiterError {
+        ArbiterError::Query { source: e.into() }
+    }
+
+    pub fn url(what: impl Into<String>, source: Option<Cause>) -> ArbiterError {
+        ArbiterError::Url { what: what.into(), source }
+    }
+
+    pub fn tls(what: impl Into<String>, source: Option<Cause>) -> ArbiterError {
+        ArbiterError::Tls { what: what.into(), source }
+    }
+}
+
+/// An error and its causes on one line ("a: b: c"): database drivers put the useful part
+/// (the server's message) in a source.
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
 }
 
 /// The arbiter procedures. Implementations reconnect by themselves after any error; callers put
@@ -116,18 +161,14 @@ pub enum AnyBackend {
 impl AnyBackend {
     /// Builds (without connecting) the backend the configuration names.
     pub fn from_config(a: &Arbiter) -> Result<AnyBackend, ArbiterError> {
-        let password = match &a.password_file {
-            None => None,
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .map_err(|source| ArbiterError::Password { path: p.display().to_string(), source })?
-                    .trim_end_matches(['\r', '\n'])
-                    .to_string(),
-            ),
-        };
+        let password = a.read_password()?;
         Ok(match a.kind {
-            ArbiterKind::Postgres => AnyBackend::Postgres(Box::new(postgres::PgBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?)),
-            ArbiterKind::Mysql => AnyBackend::Mysql(mysql::MyBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?),
+            ArbiterKind::Postgres => {
+                AnyBackend::Postgres(Box::new(postgres::PgBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?))
+            }
+            ArbiterKind::Mysql => {
+                AnyBackend::Mysql(mysql::MyBackend::new(&a.url, password, a.tls, a.ca_file.as_deref())?)
+            }
             ArbiterKind::Sqlite => AnyBackend::Sqlite(sqlite::LiteBackend::new(&a.url)?),
         })
     }
@@ -173,10 +214,21 @@ impl Backend for AnyBackend {
 
 /// Turns the raw columns every backend selects into a checked row.
 #[expect(clippy::too_many_arguments, reason = "one argument per column of the row")]
-pub(crate) fn row(utype: String, uuid: &str, name: String, endpoint: String, term: i64, timeout_ms: i64, ts_us: i64, age_ms: i64, live: bool) -> Result<HolderRow, ArbiterError> {
+pub(crate) fn row(
+    utype: String,
+    uuid: &str,
+    name: String,
+    endpoint: String,
+    term: i64,
+    timeout_ms: i64,
+    ts_us: i64,
+    age_ms: i64,
+    live: bool,
+) -> Result<HolderRow, ArbiterError> {
     let uuid = Uuid::parse_str(uuid.trim()).map_err(|e| ArbiterError::Corrupt(format!("uuid {uuid:?}: {e}")))?;
     let term = u64::try_from(term).map_err(|_| ArbiterError::Corrupt(format!("term {term}")))?;
-    let timeout_ms = u64::try_from(timeout_ms).map_err(|_| ArbiterError::Corrupt(format!("timeout_ms {timeout_ms}")))?;
+    let timeout_ms =
+        u64::try_from(timeout_ms).map_err(|_| ArbiterError::Corrupt(format!("timeout_ms {timeout_ms}")))?;
     Ok(HolderRow { utype, uuid, name, endpoint, term, timeout_ms, ts_us, age_ms, live })
 }
 

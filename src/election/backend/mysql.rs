@@ -18,8 +18,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 
 use super::{ArbiterError, Backend, Beat, Claim, HolderRow, InitOutcome, TABLE};
-use crate::election::Uuid;
 use crate::config::TlsMode;
+use crate::election::Uuid;
 
 pub fn schema_sql() -> String {
     format!(
@@ -40,7 +40,9 @@ const AGE_US: &str = "TIMESTAMPDIFF(MICROSECOND, ts, UTC_TIMESTAMP(6))";
 const EPOCH_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ts)";
 
 fn read_sql() -> String {
-    format!("SELECT utype, uuid, name, endpoint, term, timeout_ms, {EPOCH_US}, {AGE_US} DIV 1000, {AGE_US} <= timeout_ms * 1000 FROM {TABLE} WHERE utype = ?")
+    format!(
+        "SELECT utype, uuid, name, endpoint, term, timeout_ms, {EPOCH_US}, {AGE_US} DIV 1000, {AGE_US} <= timeout_ms * 1000 FROM {TABLE} WHERE utype = ?"
+    )
 }
 
 fn heartbeat_sql() -> String {
@@ -58,18 +60,16 @@ fn heartbeat_sql() -> String {
     )
 }
 
-fn my_err(e: mysql_async::Error) -> String {
-    e.to_string()
-}
-
 type RawRow = (String, String, String, String, i64, i64, i64, i64, i64);
 
 /// GetPrimary on an open connection.
 pub async fn read_on(conn: &mut Conn, utype: &str) -> Result<Option<HolderRow>, ArbiterError> {
-    let r: Option<RawRow> = conn.exec_first(read_sql(), (utype,)).await.map_err(|e| ArbiterError::Query(my_err(e)))?;
+    let r: Option<RawRow> = conn.exec_first(read_sql(), (utype,)).await.map_err(ArbiterError::query)?;
     match r {
         None => Ok(None),
-        Some((utype, uuid, name, endpoint, term, t, ts, age, live)) => super::row(utype, &uuid, name, endpoint, term, t, ts, age, live != 0).map(Some),
+        Some((utype, uuid, name, endpoint, term, t, ts, age, live)) => {
+            super::row(utype, &uuid, name, endpoint, term, t, ts, age, live != 0).map(Some)
+        }
     }
 }
 
@@ -79,7 +79,7 @@ pub async fn heartbeat_on(conn: &mut Conn, c: &Claim) -> Result<Beat, ArbiterErr
     let r: Option<(i64, i64, String, i64)> = conn
         .exec_first(heartbeat_sql(), (&c.utype, &uuid, &c.name, &c.endpoint, c.timeout_ms as i64))
         .await
-        .map_err(|e| ArbiterError::Query(my_err(e)))?;
+        .map_err(ArbiterError::query)?;
     let Some((ts_us, term, holder, fresh)) = r else {
         return Err(ArbiterError::Corrupt("INSERT … RETURNING returned no row (is this MariaDB ≥ 10.5?)".into()));
     };
@@ -99,9 +99,15 @@ pub struct MyBackend {
 }
 
 impl MyBackend {
-    pub fn new(url: &str, password: Option<String>, tls: TlsMode, ca_file: Option<&Path>) -> Result<MyBackend, ArbiterError> {
+    pub fn new(
+        url: &str,
+        password: Option<String>,
+        tls: TlsMode,
+        ca_file: Option<&Path>,
+    ) -> Result<MyBackend, ArbiterError> {
         let url = url.replacen("mariadb://", "mysql://", 1);
-        let base = Opts::from_url(&url).map_err(|e| ArbiterError::Url(e.to_string()))?;
+        let base =
+            Opts::from_url(&url).map_err(|e| ArbiterError::url("cannot parse the MariaDB url", Some(e.into())))?;
         // Never switch to a local unix socket: that would silently drop TLS (and the arbiter is remote).
         let mut b = OptsBuilder::from_opts(base).stmt_cache_size(8).tcp_nodelay(true).prefer_socket(false);
         if let Some(p) = password {
@@ -125,12 +131,14 @@ impl MyBackend {
     pub async fn connect(&self) -> Result<Conn, ArbiterError> {
         let plain = || OptsBuilder::from_opts(self.opts.clone()).ssl_opts(None::<SslOpts>);
         let secure = || OptsBuilder::from_opts(self.opts.clone()).ssl_opts(self.ssl_opts());
-        let err = |e: mysql_async::Error| ArbiterError::Connect(my_err(e));
+        let err = |e: mysql_async::Error| ArbiterError::connect(e);
         match self.tls {
             TlsMode::Off => Conn::new(plain()).await.map_err(err),
             TlsMode::Require => Conn::new(secure()).await.map_err(err),
             TlsMode::Prefer => match Conn::new(secure()).await {
-                Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)) => Conn::new(plain()).await.map_err(err),
+                Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)) => {
+                    Conn::new(plain()).await.map_err(err)
+                }
                 other => other.map_err(err),
             },
         }
@@ -146,7 +154,8 @@ impl MyBackend {
     /// Whether the current connection is encrypted (for tests).
     pub async fn is_encrypted(&mut self) -> Result<bool, ArbiterError> {
         let c = self.conn().await?;
-        let r: Option<(String, String)> = c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").await.map_err(|e| ArbiterError::Query(my_err(e)))?;
+        let r: Option<(String, String)> =
+            c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").await.map_err(ArbiterError::query)?;
         Ok(r.is_some_and(|(_, v)| !v.is_empty()))
     }
 }
@@ -154,21 +163,29 @@ impl MyBackend {
 impl Backend for MyBackend {
     async fn init(&mut self, utype: &str, timeout_ms: u64) -> Result<InitOutcome, ArbiterError> {
         let mut conn = self.connect().await?;
-        conn.query_drop(schema_sql()).await.map_err(|e| ArbiterError::Query(my_err(e)))?;
+        conn.query_drop(schema_sql()).await.map_err(ArbiterError::query)?;
         let Some(row) = read_on(&mut conn, utype).await? else { return Ok(InitOutcome::Ready) };
         if row.timeout_ms == timeout_ms {
             return Ok(InitOutcome::Ready);
         }
         if row.live {
-            return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
+            return Err(ArbiterError::TimeoutMismatch {
+                utype: utype.into(),
+                stored_ms: row.timeout_ms,
+                wanted_ms: timeout_ms,
+            });
         }
         // Only an expired row may change T: no box can still be active under the old one. Its ts
         // moves back by the new T so that it stays expired under the new T as well.
         conn.exec_drop(format!("UPDATE {TABLE} SET ts = ts - INTERVAL ? * 1000 MICROSECOND, timeout_ms = ? WHERE utype = ? AND timeout_ms = ? AND {AGE_US} > timeout_ms * 1000"), (timeout_ms as i64, timeout_ms as i64, utype, row.timeout_ms as i64))
             .await
-            .map_err(|e| ArbiterError::Query(my_err(e)))?;
+            .map_err(ArbiterError::query)?;
         if conn.affected_rows() == 0 {
-            return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
+            return Err(ArbiterError::TimeoutMismatch {
+                utype: utype.into(),
+                stored_ms: row.timeout_ms,
+                wanted_ms: timeout_ms,
+            });
         }
         Ok(InitOutcome::AdoptedTimeout { old_ms: row.timeout_ms })
     }
@@ -203,7 +220,7 @@ impl Backend for MyBackend {
         let conn = self.conn().await?;
         conn.exec_drop(format!("UPDATE {TABLE} SET ts = UTC_TIMESTAMP(6) - INTERVAL (timeout_ms + 1) * 1000 MICROSECOND WHERE utype = ? AND uuid = ?"), (utype, uuid.to_string()))
             .await
-            .map_err(|e| ArbiterError::Query(my_err(e)))?;
+            .map_err(ArbiterError::query)?;
         Ok(conn.affected_rows() > 0)
     }
 

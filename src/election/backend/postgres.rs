@@ -11,8 +11,8 @@ use std::path::Path;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{ArbiterError, Backend, Beat, Claim, HolderRow, InitOutcome, TABLE, tls};
-use crate::election::Uuid;
 use crate::config::TlsMode;
+use crate::election::Uuid;
 
 pub fn schema_sql() -> String {
     format!(
@@ -53,22 +53,6 @@ fn heartbeat_sql() -> String {
     )
 }
 
-fn pg_err(e: tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut s = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(c) = src {
-                s.push_str(": ");
-                s.push_str(&c.to_string());
-                src = c.source();
-            }
-            s
-        }
-    }
-}
-
 /// A connected client with the two hot statements prepared.
 pub struct PgConn {
     pub client: Client,
@@ -78,29 +62,44 @@ pub struct PgConn {
 
 impl PgConn {
     pub async fn prepare(client: Client) -> Result<PgConn, ArbiterError> {
-        let read = client.prepare(&read_sql()).await.map_err(|e| ArbiterError::Query(pg_err(e)))?;
-        let beat = client.prepare(&heartbeat_sql()).await.map_err(|e| ArbiterError::Query(pg_err(e)))?;
+        let read = client.prepare(&read_sql()).await.map_err(ArbiterError::query)?;
+        let beat = client.prepare(&heartbeat_sql()).await.map_err(ArbiterError::query)?;
         Ok(PgConn { client, read, beat })
     }
 
     /// GetPrimary.
     pub async fn read(&self, utype: &str) -> Result<Option<HolderRow>, ArbiterError> {
-        let rows = self.client.query(&self.read, &[&utype]).await.map_err(|e| ArbiterError::Query(pg_err(e)))?;
+        let rows = self.client.query(&self.read, &[&utype]).await.map_err(ArbiterError::query)?;
         let Some(r) = rows.first() else { return Ok(None) };
-        let get = |e: tokio_postgres::Error| ArbiterError::Corrupt(pg_err(e));
-        super::row(r.try_get(0).map_err(get)?, r.try_get::<_, &str>(1).map_err(get)?, r.try_get(2).map_err(get)?, r.try_get(3).map_err(get)?, r.try_get(4).map_err(get)?, r.try_get(5).map_err(get)?, r.try_get(6).map_err(get)?, r.try_get(7).map_err(get)?, r.try_get(8).map_err(get)?).map(Some)
+        let get = |e: tokio_postgres::Error| ArbiterError::Corrupt(e.to_string());
+        super::row(
+            r.try_get(0).map_err(get)?,
+            r.try_get::<_, &str>(1).map_err(get)?,
+            r.try_get(2).map_err(get)?,
+            r.try_get(3).map_err(get)?,
+            r.try_get(4).map_err(get)?,
+            r.try_get(5).map_err(get)?,
+            r.try_get(6).map_err(get)?,
+            r.try_get(7).map_err(get)?,
+            r.try_get(8).map_err(get)?,
+        )
+        .map(Some)
     }
 
     /// UpdateHeartBeat: one statement, one round trip.
     pub async fn heartbeat(&self, c: &Claim) -> Result<Beat, ArbiterError> {
         let uuid = c.uuid.to_string();
         let t = c.timeout_ms as i64;
-        let rows = self.client.query(&self.beat, &[&c.utype, &uuid, &c.name, &c.endpoint, &t]).await.map_err(|e| ArbiterError::Query(pg_err(e)))?;
+        let rows = self
+            .client
+            .query(&self.beat, &[&c.utype, &uuid, &c.name, &c.endpoint, &t])
+            .await
+            .map_err(ArbiterError::query)?;
         match rows.first() {
             None => Ok(Beat::NotApplied),
             Some(r) => {
-                let ts_us: i64 = r.try_get(0).map_err(|e| ArbiterError::Corrupt(pg_err(e)))?;
-                let term: i64 = r.try_get(1).map_err(|e| ArbiterError::Corrupt(pg_err(e)))?;
+                let ts_us: i64 = r.try_get(0).map_err(|e| ArbiterError::Corrupt(e.to_string()))?;
+                let term: i64 = r.try_get(1).map_err(|e| ArbiterError::Corrupt(e.to_string()))?;
                 let term = u64::try_from(term).map_err(|_| ArbiterError::Corrupt(format!("term {term}")))?;
                 Ok(Beat::Applied { ts_us, term })
             }
@@ -116,8 +115,15 @@ pub struct PgBackend {
 }
 
 impl PgBackend {
-    pub fn new(url: &str, password: Option<String>, tls_mode: TlsMode, ca_file: Option<&Path>) -> Result<PgBackend, ArbiterError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| ArbiterError::Url(pg_err(e)))?;
+    pub fn new(
+        url: &str,
+        password: Option<String>,
+        tls_mode: TlsMode,
+        ca_file: Option<&Path>,
+    ) -> Result<PgBackend, ArbiterError> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| ArbiterError::url("cannot parse the PostgreSQL url", Some(e.into())))?;
         if let Some(p) = password {
             config.password(p);
         }
@@ -144,7 +150,7 @@ impl PgBackend {
 
     /// Opens a new connection (its driver runs as a spawned task until the client drops).
     pub async fn connect(&self) -> Result<Client, ArbiterError> {
-        let err = |e| ArbiterError::Connect(pg_err(e));
+        let err = |e: tokio_postgres::Error| ArbiterError::connect(e);
         match &self.rustls {
             Some(tls) => {
                 let (client, connection) = self.config.connect(tls.clone()).await.map_err(err)?;
@@ -181,7 +187,11 @@ impl PgBackend {
     /// Whether the current connection is encrypted (for tests and `whois`).
     pub async fn is_encrypted(&mut self) -> Result<bool, ArbiterError> {
         let c = self.conn().await?;
-        let rows = c.client.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.map_err(|e| ArbiterError::Query(pg_err(e)))?;
+        let rows = c
+            .client
+            .query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+            .await
+            .map_err(ArbiterError::query)?;
         Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()).unwrap_or(false))
     }
 }
@@ -191,9 +201,12 @@ impl Backend for PgBackend {
         let client = self.connect().await?;
         if let Err(e) = client.batch_execute(&schema_sql()).await {
             // Two processes creating the table at once: the loser sees a duplicate; fine.
-            let dup = e.code().is_some_and(|c| *c == tokio_postgres::error::SqlState::UNIQUE_VIOLATION || *c == tokio_postgres::error::SqlState::DUPLICATE_TABLE);
+            let dup = e.code().is_some_and(|c| {
+                *c == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                    || *c == tokio_postgres::error::SqlState::DUPLICATE_TABLE
+            });
             if !dup {
-                return Err(ArbiterError::Query(pg_err(e)));
+                return Err(ArbiterError::query(e));
             }
         }
         let conn = PgConn::prepare(client).await?;
@@ -202,7 +215,11 @@ impl Backend for PgBackend {
             return Ok(InitOutcome::Ready);
         }
         if row.live {
-            return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
+            return Err(ArbiterError::TimeoutMismatch {
+                utype: utype.into(),
+                stored_ms: row.timeout_ms,
+                wanted_ms: timeout_ms,
+            });
         }
         // Only an expired row may change T: no box can still be active under the old one. Its ts
         // moves back by the new T so that it stays expired under the new T as well.
@@ -210,9 +227,13 @@ impl Backend for PgBackend {
             .client
             .execute(&format!("UPDATE {TABLE} SET timeout_ms = $2, ts = ts - $2::bigint * interval '1 millisecond' WHERE utype = $1 AND timeout_ms = $3 AND now() - ts > timeout_ms * interval '1 millisecond'"), &[&utype, &(timeout_ms as i64), &(row.timeout_ms as i64)])
             .await
-            .map_err(|e| ArbiterError::Query(pg_err(e)))?;
+            .map_err(ArbiterError::query)?;
         if n == 0 {
-            return Err(ArbiterError::TimeoutMismatch { utype: utype.into(), stored_ms: row.timeout_ms, wanted_ms: timeout_ms });
+            return Err(ArbiterError::TimeoutMismatch {
+                utype: utype.into(),
+                stored_ms: row.timeout_ms,
+                wanted_ms: timeout_ms,
+            });
         }
         Ok(InitOutcome::AdoptedTimeout { old_ms: row.timeout_ms })
     }
@@ -239,7 +260,7 @@ impl Backend for PgBackend {
             .client
             .execute(&format!("UPDATE {TABLE} SET ts = now() - (timeout_ms + 1) * interval '1 millisecond' WHERE utype = $1 AND uuid = $2"), &[&utype, &uuid.to_string()])
             .await
-            .map_err(|e| ArbiterError::Query(pg_err(e)))?;
+            .map_err(ArbiterError::query)?;
         Ok(n > 0)
     }
 

@@ -1,0 +1,225 @@
+//! The status and control sockets of a running box, as operators and scripts use them:
+//! `twinlease status` and `twinlease ctl` through the real sockets, the socket permissions, bad
+//! input, and a pair handing service over on `step-down` and staying out of the election in
+//! maintenance across a restart. (Status clients under DHCP load: `control_load.rs`.)
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::arbiter::*;
+use common::site::*;
+use common::*;
+use serde_json::json;
+
+fn lan_config(lan: &Lan, dir: &std::path::Path, control: &str) -> String {
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/24\"\n\
+         pools = [\"198.18.0.100-198.18.0.150\"]\nlease_secs = 3600\n{control}",
+        lan.bridge
+    );
+    config_text(dir, &body)
+}
+
+/// `twinlease ARGS --config CONFIG --runtime-dir DIR`, as `as_user` (setpriv arguments) if given.
+fn cli(srv: &Server, args: &[&str], as_user: &[&str]) -> Output {
+    let mut cmd = if as_user.is_empty() {
+        Command::new(BIN)
+    } else {
+        let mut c = Command::new("setpriv");
+        c.args(as_user).arg(BIN);
+        c
+    };
+    cmd.args(args).arg("--config").arg(&srv.config).arg("--runtime-dir").arg(&srv.runtime_dir).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn every_command_answers_through_the_real_sockets() {
+    let mut lan = Lan::new("198.18.0.1/24");
+    let c = lan.add_client();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&lan.ns, dir.path(), &lan_config(&lan, dir.path(), ""));
+    let (ns, iface) = lan.client(c);
+    let (out, ev) = udhcpc_once(ns, iface, dir.path(), &[]);
+    assert!(out.status.success());
+    let ip = events(&ev).into_iter().rev().find(|e| e.reason == "bound").unwrap().ip;
+    // The engine publishes its counts once a second.
+    srv.wait_until("the lease counted", Duration::from_secs(5), |s| s.subnets[0].leased == 1);
+
+    let out = cli(&srv, &["status"], &[]);
+    assert_eq!(out.status.code(), Some(0), "serving: exit 0\n{}", text(&out));
+    assert!(
+        text(&out).contains("serving all clients") && text(&out).contains("198.18.0.0/24: 1 of 51 in use"),
+        "{}",
+        text(&out)
+    );
+    let out = cli(&srv, &["status", "--json"], &[]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["role"]["why"], "standalone");
+    assert_eq!(s["dhcp"]["requests"]["discover"], 1);
+    let out = cli(&srv, &["status", "--format", "prometheus"], &[]);
+    assert!(text(&out).contains(r#"twinlease_leases{subnet="198.18.0.0/24",state="leased"} 1"#), "{}", text(&out));
+
+    let out = cli(&srv, &["ctl", "lease-get", &format!("address={ip}"), "--json"], &[]);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((r["result"].as_u64(), r["arguments"]["leases"][0]["state"].as_str()), (Some(0), Some("leased")), "{r}");
+    let out = cli(&srv, &["ctl", "frobnicate"], &[]);
+    assert_eq!(out.status.code(), Some(2), "unsupported: result 2\n{}", text(&out));
+    let out = cli(&srv, &["ctl", "maintenance", "action=start"], &[]);
+    assert_eq!(out.status.code(), Some(1), "no election, no maintenance\n{}", text(&out));
+
+    // A new lease time takes effect without a restart; a new pool is refused whole.
+    std::fs::write(&srv.config, lan_config(&lan, dir.path(), "").replace("lease_secs = 3600", "lease_secs = 600"))
+        .unwrap();
+    let out = cli(&srv, &["ctl", "reload"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(&srv.config, lan_config(&lan, dir.path(), "").replace("198.18.0.150", "198.18.0.160")).unwrap();
+    let out = cli(&srv, &["ctl", "reload"], &[]);
+    assert!(!out.status.success() && text(&out).contains("need a restart"), "{}", text(&out));
+    let (out, ev) = udhcpc_once(ns, iface, dir.path(), &[]);
+    assert!(out.status.success());
+    assert_eq!(events(&ev).last().unwrap().get("lease"), Some("600"), "the reloaded lease time");
+}
+
+#[test]
+fn malformed_and_oversized_requests_get_an_error_and_the_box_keeps_going() {
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&lan.ns, dir.path(), &lan_config(&lan, dir.path(), ""));
+    let socket = srv.runtime_dir.join("status.sock");
+    let exchange = |payload: &[u8]| {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(payload);
+        let mut line = String::new();
+        let _ = BufReader::new(&s).read_line(&mut line);
+        line
+    };
+    for bad in [&b"hello\n"[..], b"{\"command\": 5}\n", b"[]\n", b"{\"command\": \"status-get\", \"version\": 9}\n"] {
+        let answer: serde_json::Value = serde_json::from_str(&exchange(bad)).unwrap();
+        assert_eq!(answer["result"], 1, "{}", String::from_utf8_lossy(bad));
+    }
+    let mut huge = vec![b' '; 70 * 1024];
+    huge.push(b'\n');
+    let answer = exchange(&huge);
+    assert!(answer.contains("longer than"), "{answer}");
+    assert_eq!(srv.status().summary, "serving all clients", "still answering");
+    assert!(srv.child.id() > 0 && srv.log_text().contains("status and control sockets open"));
+}
+
+#[test]
+fn only_the_admin_group_may_act_and_only_the_status_group_may_read() {
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    // Groups every Debian system has stand in for twinlease and twinlease-admin.
+    let control = "[control]\nstatus_group = \"users\"\nadmin_group = \"staff\"\n";
+    let srv = Server::start(&lan.ns, dir.path(), &lan_config(&lan, dir.path(), control));
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_group = |gid: &str| vec!["--reuid=65534".to_string(), format!("--regid={gid}"), "--clear-groups".into()];
+    let run = |args: &[&str], gid: &str| {
+        let user = as_group(gid);
+        cli(&srv, args, &user.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let out = run(&["status"], "users");
+    assert_eq!(out.status.code(), Some(0), "the status group reads\n{}", text(&out));
+    let out = run(&["ctl", "step-down"], "users");
+    assert!(!out.status.success() && text(&out).contains("permission denied"), "{}", text(&out));
+    let out = run(&["status"], "nogroup");
+    assert!(!out.status.success() && text(&out).contains("permission denied"), "{}", text(&out));
+    // The admin group reaches the control socket (this standalone box then refuses the action).
+    let out = run(&["ctl", "step-down"], "staff");
+    assert!(text(&out).contains("no election"), "{}", text(&out));
+    assert!(srv.log_text().contains("status and control sockets open"));
+}
+
+/// The role and the arbiter's primary as one box's status has them.
+fn sees(srv: &Server) -> (String, Option<String>) {
+    let s = srv.status();
+    (s.role.state, s.election.and_then(|e| e.arbiter.primary))
+}
+
+#[test]
+fn step_down_hands_service_over_and_maintenance_survives_a_restart() {
+    let mut site = Site::new(1);
+    site.start(0);
+    site.start(1);
+    let a = wait_for("a box to win the election", Duration::from_secs(30), || {
+        (0..2).find(|&i| site.srv(i).status().role.state == "active")
+    });
+    let b = 1 - a;
+    site.srv(a)
+        .wait_until("the partner in sync", Duration::from_secs(15), |s| s.partner.as_ref().is_some_and(|p| p.in_sync));
+    let names = ["box-a", "box-b"];
+    site.srv(b).wait_until("b to see a as primary", Duration::from_secs(5), |s| {
+        s.election.as_ref().and_then(|e| e.arbiter.primary.as_deref()) == Some(names[a])
+    });
+    // A client holds a lease from a.
+    let (cns, ciface) = site.p.client(0);
+    let cdir = site.p.dir.path().join("client");
+    std::fs::create_dir_all(&cdir).unwrap();
+    let (mut dh, ev) = dhclient(cns, ciface, &cdir, &[]);
+    let bound = wait_event(&ev, &["BOUND"], 0, Duration::from_secs(20));
+    let _ = (dh.kill(), dh.wait());
+
+    let r = site.srv(a).ask("step-down", json!({}), true);
+    assert_eq!(r.result, 0, "{}", r.text);
+    let asked = mono_ns();
+    site.srv(b).wait_until("b to take over", Duration::from_millis(I_MS + 3000), |s| s.role.state == "active");
+    let took = promoted_at(&site.srv(b).log_text()).unwrap().saturating_sub(asked);
+    eprintln!("CONTROL step-down: the partner was active {} ms after the request (I = {I_MS} ms)", took / 1_000_000);
+    assert!(took <= (I_MS + 1000) * 1_000_000, "hand-over took {} ms", took / 1_000_000);
+    assert_eq!(sees(site.srv(a)).0, "standby");
+    site.srv(a).wait_until("a to see b as primary", Duration::from_secs(5), |s| {
+        s.election.as_ref().and_then(|e| e.arbiter.primary.as_deref()) == Some(names[b])
+    });
+    assert_eq!(sees(site.srv(a)).1, sees(site.srv(b)).1, "both boxes agree who is active");
+    // The client renews with the new active: same address, no NAK.
+    let (mut dh, _) = dhclient(cns, ciface, &cdir, &[]);
+    let dlog = cdir.join(format!("dhclient-{ciface}.log"));
+    let want = format!("DHCPACK of {} from {}", bound.ip, lan_ip(b));
+    wait_for("the new active to ACK the client's address", Duration::from_secs(30), || {
+        std::fs::read_to_string(&dlog).ok().filter(|t| t.contains(&want)).map(|_| ())
+    });
+    assert!(!std::fs::read_to_string(&dlog).unwrap().contains("DHCPNAK"));
+    let _ = (dh.kill(), dh.wait());
+
+    // Maintenance on a (now standby, partner caught up) survives its restart.
+    site.srv(b).wait_until("b's partner in sync", Duration::from_secs(15), |s| {
+        s.partner.as_ref().is_some_and(|p| p.in_sync && p.unsynced == 0)
+    });
+    let r = site.srv(a).ask("maintenance", json!({"action": "start"}), true);
+    assert_eq!(r.result, 0, "{}", r.text);
+    site.boxes[a].as_mut().unwrap().stop();
+    site.start(a);
+    let s =
+        site.srv(a).wait_until("a to report maintenance", Duration::from_secs(10), |s| s.role.maintenance.is_some());
+    assert!(!s.role.eligible && s.role.not_eligible_because.contains(&"maintenance".to_string()));
+    // Even with b gone, a in maintenance does not take over.
+    let b_killed = mono_ns();
+    site.boxes[b].as_mut().unwrap().kill9();
+    let settle = Instant::now() + Duration::from_millis(T_MS + 2 * I_MS);
+    wait_for("T and two intervals", Duration::from_secs(10), || (Instant::now() >= settle).then_some(()));
+    assert_eq!(site.srv(a).status().role.state, "standby", "a box in maintenance stays out of the election");
+    let r = site.srv(a).ask("maintenance", json!({"action": "cancel"}), true);
+    assert_eq!(r.result, 0, "{}", r.text);
+    site.srv(a).wait_until("a to take over once maintenance ends", Duration::from_millis(T_MS + I_MS + 3000), |s| {
+        s.role.state == "active"
+    });
+    let now = mono_ns();
+    let lives = [(a, site.srv(a).log_text(), None), (b, site.srv(b).log_text(), Some(b_killed))];
+    let all = lives
+        .iter()
+        .flat_map(|(i, log, killed)| {
+            intervals(log, *killed, now).into_iter().map(move |(s, e, t)| (format!("box {i}"), s, e, t))
+        })
+        .collect();
+    assert_disjoint(all, &site.logs());
+}
