@@ -187,8 +187,9 @@ fn the_store_lives_on_a_2_mib_partition_and_recovers_from_a_full_one() {
     // 4,000 exchanges by 200 clients: every client renews its lease about twenty times.
     for round in 0..4 {
         let perf = lab.perfdhcp(&macs, 400, 1000);
+        // A store stalled by its own log answers nothing; a busy machine drops a few late replies.
         assert!(
-            perf.acks >= 990,
+            perf.requests_sent >= 950 && perf.acks * 100 >= perf.requests_sent * 97,
             "round {round}: {} ACKs of {} requests\n{}",
             perf.acks,
             perf.requests_sent,
@@ -210,7 +211,13 @@ fn the_store_lives_on_a_2_mib_partition_and_recovers_from_a_full_one() {
     assert!(perf.acks <= 5, "{} ACKs while the disk was full", perf.acks);
     disk.unfill();
     let perf = lab.perfdhcp(&macs, 200, 400);
-    assert!(perf.acks >= 390, "{} ACKs of {} after space returned\n{}", perf.acks, perf.requests_sent, perf.text);
+    assert!(
+        perf.requests_sent >= 380 && perf.acks * 100 >= perf.requests_sent * 97,
+        "{} ACKs of {} after space returned\n{}",
+        perf.acks,
+        perf.requests_sent,
+        perf.text
+    );
 }
 
 /// How the database file is damaged under the running box.
