@@ -2,7 +2,9 @@
 //! PostgreSQL arbiter, nothing pinned). The standby's dashboard names the active; after kill -9
 //! of the active the survivor's console shows itself serving within T + I + 2 s (the console
 //! refreshes once a second) while the dead box's console shows the daemon-down banner and still
-//! reads its lease store; `q` quits and leaves the terminal as it found it.
+//! reads its lease store; `q` quits and leaves the terminal as it found it. And the console
+//! unit's own command line, as an unprivileged user on a Linux console (TERM=linux), reads the
+//! store of a cleanly stopped box it may not write beside.
 
 mod common;
 
@@ -28,15 +30,30 @@ impl Tmux {
         c
     }
 
-    /// Runs the console of `site`'s box `i` in session `name`, 100×30. When it ends, the pane
-    /// shows its exit status and whether the terminal is back in cooked mode with echo.
+    /// Runs the console of `site`'s box `i` in session `name`, 100×30.
     fn console(&self, name: &str, site: &Site, i: usize) {
-        let script = r#""$0" tui --config "$1" --runtime-dir "$2"; rc=$?; modes=$(stty -a | tr ' ;' '\n\n' | grep -xE -- '-?(icanon|echo)' | tr '\n' ' '); echo "tui exited $rc; tty: $modes"; exec cat"#;
         let srv = site.srv(i);
-        run(self
-            .cmd()
-            .args(["new-session", "-d", "-s", name, "-x", "100", "-y", "30", "sh", "-c", script, BIN])
-            .args([&srv.config, &srv.runtime_dir]));
+        let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
+        self.run(name, (100, 30), &args);
+    }
+
+    /// Runs `argv` in session `name` of `size`. When it ends, the pane shows its exit status and
+    /// whether the terminal is back in cooked mode with echo.
+    fn run(&self, name: &str, (w, h): (u16, u16), argv: &[&str]) {
+        let script = r#""$@"; rc=$?; modes=$(stty -a | tr ' ;' '\n\n' | grep -xE -- '-?(icanon|echo)' | tr '\n' ' '); echo "tui exited $rc; tty: $modes"; exec cat"#;
+        let (w, h) = (w.to_string(), h.to_string());
+        let session = ["new-session", "-d", "-s", name, "-x", &w, "-y", &h, "sh", "-c", script, "sh"];
+        run(self.cmd().args(session).args(argv));
+    }
+
+    /// Presses `q` and checks the console ended well and put the terminal back.
+    fn quit(&self, name: &str) {
+        self.keys(name, "q");
+        let after = self.wait_screen(name, "the console to quit", Duration::from_secs(5), |s| s.contains("tui exited"));
+        assert!(after.contains("tui exited 0;"), "{after}");
+        // Raw mode undone (canonical input and echo back) and the alternate screen left.
+        assert!(after.contains("tty: icanon echo"), "terminal not restored:\n{after}");
+        assert!(!after.contains("1 Dashboard"), "the console's screen stayed:\n{after}");
     }
 
     fn screen(&self, name: &str) -> String {
@@ -107,13 +124,64 @@ fn the_console_follows_a_failover_and_quits_cleanly() {
     });
     assert!(!leases.contains("not readable"), "{leases}");
 
-    for session in ["standby", "active"] {
-        tmux.keys(session, "q");
-        let after =
-            tmux.wait_screen(session, "the console to quit", Duration::from_secs(5), |s| s.contains("tui exited"));
-        assert!(after.contains("tui exited 0;"), "{after}");
-        // Raw mode undone (canonical input and echo back) and the alternate screen left.
-        assert!(after.contains("tty: icanon echo"), "terminal not restored:\n{after}");
-        assert!(!after.contains("1 Dashboard"), "the console's screen stayed:\n{after}");
-    }
+    tmux.quit("standby");
+    tmux.quit("active");
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The unit's ExecStart= words, the binary replaced by the test build and the configuration
+/// file by `config`.
+fn console_unit_command(config: &std::path::Path) -> Vec<String> {
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/twinlease-console@.service")).unwrap();
+    let line = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("an ExecStart= line");
+    line.split_whitespace()
+        .map(|w| match w {
+            "/usr/bin/twinlease" => BIN.to_string(),
+            "/etc/twinlease/twinlease.toml" => path(config).to_string(),
+            w => w.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_console_unit_command_runs_unprivileged_on_a_linux_console() {
+    // A box that granted one lease and then stopped cleanly.
+    let mut lan = Lan::new("198.18.0.1/24");
+    let c = lan.add_client();
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/24\"\n\
+         pools = [\"198.18.0.100-198.18.0.150\"]\n[control]\nruntime_dir = \"{}\"\n",
+        lan.bridge,
+        dir.path().join("run").display()
+    );
+    let mut srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    let (ns, iface) = lan.client(c);
+    assert!(udhcpc_once(ns, iface, dir.path(), &[]).0.status.success());
+    srv.stop();
+    assert!(!dir.path().join("state/leases.db-wal").exists(), "a clean stop leaves no log beside the store");
+    // The unit's user may read the store but write nothing beside it (there: a read-only file
+    // system; here: directories it does not own).
+    sh(&format!("chmod -R a+rX,go-w {0} && chmod 0755 {0}", dir.path().display()));
+
+    let unit = console_unit_command(&srv.config);
+    assert!(unit.contains(&"--read-only".to_string()), "the VT console is read-only: {unit:?}");
+    let mut argv = vec!["env", "TERM=linux", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"];
+    argv.extend(unit.iter().map(String::as_str));
+    let tmux = Tmux::new();
+    tmux.run("vt", (80, 25), &argv);
+    let screen =
+        tmux.wait_screen("vt", "the daemon-down banner", Duration::from_secs(10), |s| s.contains("DAEMON NOT RUNNING"));
+    assert!(screen.contains("+ This box -") && !screen.contains('┌'), "ASCII borders on TERM=linux:\n{screen}");
+    tmux.keys("vt", "2");
+    tmux.wait_screen("vt", "the lease from the store", Duration::from_secs(5), |s| {
+        s.contains("Leases: 1 of 1") && s.contains("198.18.0.1") && s.contains("leased")
+    });
+    tmux.keys("vt", "s");
+    tmux.wait_screen("vt", "actions refused", Duration::from_secs(5), |s| s.contains("read-only console"));
+    tmux.quit("vt");
 }
