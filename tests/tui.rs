@@ -185,3 +185,49 @@ fn the_console_unit_command_runs_unprivileged_on_a_linux_console() {
     tmux.wait_screen("vt", "actions refused", Duration::from_secs(5), |s| s.contains("read-only console"));
     tmux.quit("vt");
 }
+
+/// `make bench-tui`: the console's own CPU time while it shows the dashboard of a running, idle
+/// box for TUI_IDLE_SECS (60) seconds, read from /proc/PID/schedstat (nanoseconds on a CPU) and
+/// /proc/PID/stat (utime + stime ticks).
+#[test]
+#[ignore = "a benchmark: make bench-tui"]
+fn bench_console_idle_cpu() {
+    let secs: u64 = std::env::var("TUI_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\n[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.150\"]\n",
+        lan.bridge
+    );
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    let tmux = Tmux::new();
+    let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
+    tmux.run("idle", (80, 25), &args);
+    tmux.wait_screen("idle", "the dashboard", Duration::from_secs(10), |s| s.contains("serving all clients"));
+    let shell = String::from_utf8(run(tmux.cmd().args(["display", "-p", "-t", "idle", "#{pane_pid}"])).stdout).unwrap();
+    let pid = String::from_utf8(run(Command::new("pgrep").args(["-P", shell.trim()])).stdout).unwrap();
+    let pid = pid.trim().to_string();
+    let read = || {
+        let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+        let on_cpu_ns: u64 = sched.split_whitespace().next().unwrap().parse().unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        // utime and stime: fields 14 and 15 of stat(5), 12 and 13 after the command name.
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        (Instant::now(), on_cpu_ns, ticks)
+    };
+    let (t0, ns0, ticks0) = read();
+    let end = t0 + Duration::from_secs(secs);
+    wait_for("the measuring window", Duration::from_secs(secs + 5), || (Instant::now() >= end).then_some(()));
+    let (t1, ns1, ticks1) = read();
+    let wall = t1.duration_since(t0).as_secs_f64();
+    let pct = (ns1 - ns0) as f64 / 1e9 / wall * 100.0;
+    eprintln!(
+        "TUI idle: {pct:.3} % of one core over {wall:.0} s ({:.1} ms on a CPU; {} utime+stime ticks); build: {}",
+        (ns1 - ns0) as f64 / 1e6,
+        ticks1 - ticks0,
+        if cfg!(debug_assertions) { "debug" } else { "optimised" }
+    );
+    assert!(tmux.screen("idle").contains("serving all clients"), "the console still shows the box");
+    tmux.quit("idle");
+}

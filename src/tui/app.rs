@@ -127,21 +127,22 @@ impl App {
         }
     }
 
-    /// Takes in a refresh read at `now`.
+    /// Takes in a refresh read at `now`; marks the screen for drawing if it shows anything new.
     pub fn apply(&mut self, s: Snapshot, now: Instant) {
-        let before = (self.dashboard.clone(), self.leases.clone(), self.conflicts.clone(), self.control.clone());
+        let mut changed = self.dashboard.status != s.status || self.control != s.control;
+        // Countdowns in the lease table move with the clock.
+        changed |= self.tab == Tab::Leases && self.leases.now_unix != s.taken_unix;
         self.events.apply(&s.status);
         self.dashboard.apply(s.status, now);
         if let Some(leases) = s.leases {
-            self.leases.apply(leases);
+            changed |= self.leases.apply(leases);
         }
         self.leases.now_unix = s.taken_unix;
         if let Some(conflicts) = s.conflicts {
-            self.conflicts.apply(conflicts);
+            changed |= self.conflicts.apply(conflicts);
         }
         self.control = s.control;
-        let after = (&self.dashboard, &self.leases, &self.conflicts, &self.control);
-        self.dirty |= (&before.0, &before.1, &before.2, &before.3) != after;
+        self.dirty |= changed;
     }
 
     /// Whether the screen must be drawn again; clears the mark.

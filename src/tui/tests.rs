@@ -514,3 +514,27 @@ fn the_event_loop_draws_acts_and_quits() {
     let screen = terminal.backend().to_string();
     assert!(screen.contains("Leases: 40 of 40"), "{screen}");
 }
+
+#[test]
+fn an_unchanged_refresh_draws_nothing() {
+    let mut app = app_in(Ok(active()), false);
+    assert!(app.take_dirty());
+    let later = Instant::now() + Duration::from_secs(100);
+    let same = |app: &App| Snapshot {
+        taken_unix: NOW,
+        status: app.dashboard.status.clone(),
+        leases: Some(Ok(app.leases.rows.clone())),
+        conflicts: None,
+        control: Ok(()),
+    };
+    app.apply(same(&app), later);
+    assert!(!app.take_dirty(), "nothing new: no drawing");
+    let mut s = same(&app);
+    s.status.as_mut().unwrap().uptime_secs += 1;
+    app.apply(s, later);
+    assert!(app.take_dirty());
+    let mut s = same(&app);
+    s.leases.as_mut().unwrap().as_mut().unwrap()[3].hostname = "renamed".to_string();
+    app.apply(s, later);
+    assert!(app.take_dirty(), "a changed lease is drawn");
+}

@@ -22,16 +22,20 @@ impl ConflictsView {
         ConflictsView { rows: Vec::new(), error: None, selected: 0, ascii }
     }
 
-    pub fn apply(&mut self, rows: Result<Vec<ConflictRow>, String>) {
-        match rows {
+    /// A new reading of the store; returns whether anything shown changed.
+    pub fn apply(&mut self, rows: Result<Vec<ConflictRow>, String>) -> bool {
+        let changed = match rows {
             Ok(mut rows) => {
                 rows.sort_by_key(|r| std::cmp::Reverse(r.at));
+                let changed = rows != self.rows || self.error.is_some();
                 self.rows = rows;
                 self.error = None;
+                changed
             }
-            Err(e) => self.error = Some(e),
-        }
+            Err(e) => self.error.replace(e.clone()) != Some(e),
+        };
         self.scroll(0);
+        changed
     }
 
     pub fn scroll(&mut self, by: isize) {

@@ -41,20 +41,24 @@ impl LeasesView {
     }
 
     /// A new reading of the store; the selection stays on the same address where it can.
-    pub fn apply(&mut self, rows: Result<Vec<LeaseRow>, String>) {
+    /// Returns whether anything shown changed.
+    pub fn apply(&mut self, rows: Result<Vec<LeaseRow>, String>) -> bool {
         let keep = self.selected_row().map(|r| r.address);
-        match rows {
+        let changed = match rows {
             Ok(mut rows) => {
                 rows.sort_by_key(|r| r.address);
+                let changed = rows != self.rows || self.error.is_some();
                 self.rows = rows;
                 self.error = None;
+                changed
             }
-            Err(e) => self.error = Some(e),
-        }
+            Err(e) => self.error.replace(e.clone()) != Some(e),
+        };
         if let Some(addr) = keep {
             self.selected = self.visible().iter().position(|r| r.address >= addr).unwrap_or(0);
         }
         self.clamp();
+        changed
     }
 
     /// The rows the filter lets through.
