@@ -46,6 +46,24 @@ fn event(secs_ago: u64, kind: EventKind, text: &str) -> Event {
     }
 }
 
+/// A healthy lease store.
+fn store() -> StoreStatus {
+    StoreStatus {
+        path: "/var/lib/twinlease/leases.db".to_string(),
+        size_bytes: 1 << 20,
+        wal_bytes: 4096,
+        disk_free_bytes: Some(1 << 30),
+        can_commit: true,
+        commits: 4211,
+        transitions: 4800,
+        commit_failures: 0,
+        last_commit_us: 900,
+        files_lost: 0,
+        rebuilds: 0,
+        wal_truncations: 3,
+    }
+}
+
 /// box-a, active and serving, its partner linked and in sync.
 fn active() -> Status {
     Status {
@@ -106,20 +124,7 @@ fn active() -> Status {
             subnet("198.18.2.0/24", 100, 93),
             subnet("198.18.4.0/23", 400, 48),
         ],
-        store: StoreStatus {
-            path: "/var/lib/twinlease/leases.db".to_string(),
-            size_bytes: 1 << 20,
-            wal_bytes: 4096,
-            disk_free_bytes: Some(1 << 30),
-            can_commit: true,
-            commits: 4211,
-            transitions: 4800,
-            commit_failures: 0,
-            last_commit_us: 900,
-            files_lost: 0,
-            rebuilds: 0,
-            wal_truncations: 3,
-        },
+        store: store(),
         dhcp: DhcpStatus {
             received: 9000,
             requests: BTreeMap::from([("discover".to_string(), 4400), ("request".to_string(), 4600)]),
@@ -192,7 +197,7 @@ fn lease(i: u8) -> LeaseRow {
         state: state.to_string(),
         client: format!("01:02:00:00:00:00:{i:02x}"),
         hw: format!("02:00:00:00:00:{i:02x}"),
-        hostname: if i % 3 == 0 { String::new() } else { format!("host-{i}") },
+        hostname: if i.is_multiple_of(3) { String::new() } else { format!("host-{i}") },
         expires: NOW + 3600 - u64::from(i) * 97,
         cltt: NOW - u64::from(i) * 97,
         term: 3,
