@@ -5,9 +5,10 @@
 #                          then the full catch-up of 65,536 leases (tests/pair.rs, ignored test)
 #   make bench PAIR=1      the single-box ladder, then the above
 #   make bench-control     50 status clients on the control socket during perfdhcp at 2,000/s
+#   make bench-tui         the console's idle CPU: `twinlease tui` in tmux on an idle box for 60 s
 # RATES="…" STEP_SECS=… (≤ 30) KEA=0 KEA_SINGLE=0 KEA_HA_MT=0 PARTNER_CPU=… CPU_QUOTA=… KEEP=1 CATCH_UP=0 tune it.
 
-.PHONY: bench-pair bench-catch-up bench-control
+.PHONY: bench-pair bench-catch-up bench-control bench-tui
 
 bench-pair:
 	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
@@ -33,3 +34,11 @@ bench-control:
 	$(CARGO) test --profile bench-fast --quiet --test control_load --no-run
 	$(CARGO) test --profile bench-fast --quiet --test control_load -- --ignored --nocapture --exact \
 	    bench_fifty_status_clients_at_2000_per_second 2>&1 | grep -F CONTROL
+
+# The ignored benchmark test: the console showing an idle box's dashboard, its CPU time read from
+# /proc (TUI_IDLE_SECS=60 by default).
+bench-tui:
+	@scripts/ensure-deps.sh scripts/apt-deps.txt
+	$(CARGO) test --profile bench-fast --quiet --test tui --no-run
+	$(CARGO) test --profile bench-fast --quiet --test tui -- --ignored --nocapture --exact \
+	    bench_console_idle_cpu 2>&1 | grep -F "TUI idle"

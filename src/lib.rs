@@ -7,7 +7,8 @@
 //!   003), `election::machine` (seeds 000–002);
 //! * drivers: `store` (SQLite, one writer thread, group commit, file checks), `sync::link`
 //!   (the authenticated connection to the partner), `election::driver` and its backends,
-//!   `server` (sockets, engine, replication, sd_notify), `logging`.
+//!   `server` (sockets, engine, replication, sd_notify), `logging`;
+//! * the console: `tui` (state and views I/O-free, a thin driver reading the sockets).
 
 pub mod allocator;
 pub mod clock;
@@ -23,3 +24,4 @@ pub mod store;
 pub mod sync;
 #[cfg(test)]
 mod testkit;
+pub mod tui;

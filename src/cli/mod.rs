@@ -119,6 +119,24 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The console: dashboard, leases, conflicts and events of this box, refreshed every
+    /// second; step-down and maintenance behind a confirmation (not with --read-only).
+    Tui {
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Where the box's sockets are, if not at [control] runtime_dir.
+        #[arg(long, value_name = "DIR")]
+        runtime_dir: Option<PathBuf>,
+        /// Where the lease database is, if not at [node] state_dir.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// ASCII borders and bars (the default when TERM=linux, the Linux console).
+        #[arg(long)]
+        ascii: bool,
+        /// Show only: no actions, even where the control socket would take them.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Print the version.
     Version,
 }
@@ -165,6 +183,12 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Leases { config, state_dir, json, all } => report::leases(&load(&config, state_dir)?, json, all),
         Command::Status { config, runtime_dir, json, format } => {
             status::status(&with_runtime_dir(&config, runtime_dir)?, json, format)
+        }
+        Command::Tui { config, runtime_dir, state_dir, ascii, read_only } => {
+            let cfg = Config::load(&config)?.with_overrides(Overrides { state_dir, runtime_dir });
+            let ascii = ascii || twinlease::tui::ascii_by_default(std::env::var("TERM").ok().as_deref());
+            twinlease::tui::run(&cfg, twinlease::tui::Options { ascii, read_only })?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Ctl { config, runtime_dir, command, arguments, json } => {
             status::ctl(&with_runtime_dir(&config, runtime_dir)?, &command, &arguments, json)

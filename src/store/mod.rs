@@ -171,6 +171,24 @@ impl LeaseStore {
         Ok(LeaseStore { conn, file: None })
     }
 
+    /// A read-only view of a database nobody writes (the daemon stopped cleanly: no log is
+    /// left) for a reader that may not create the log index beside it, as the console unit on
+    /// its read-only file system: SQLite reads the file as it stands, without locks.
+    pub fn open_immutable(path: &Path) -> Result<LeaseStore, StoreError> {
+        let escaped: String = path
+            .to_string_lossy()
+            .chars()
+            .map(|c| match c {
+                '%' | '?' | '#' => format!("%{:02X}", c as u32),
+                c => c.to_string(),
+            })
+            .collect();
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(format!("file:{escaped}?immutable=1"), flags)
+            .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        Ok(LeaseStore { conn, file: None })
+    }
+
     fn setup(conn: Connection) -> Result<LeaseStore, StoreError> {
         // Any of these failing on a file that is not a database reports NotADatabase.
         // A commit writes whole pages to the WAL and lease rows are ~70 bytes: small pages keep

@@ -208,6 +208,19 @@ fn a_reader_opens_after_the_log_was_truncated() {
     assert_eq!(ro.load_all().unwrap()[0].binding, t.new);
 }
 
+#[test]
+fn a_cleanly_closed_store_reads_as_immutable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd?name#%.db");
+    let (mut s, _) = LeaseStore::open(&path, 1).unwrap();
+    let t = leased(10, 1, 1, None);
+    s.commit(&[&t]).unwrap();
+    drop(s);
+    assert!(!dir.path().join("odd?name#%.db-wal").exists(), "a clean close leaves no log");
+    let ro = LeaseStore::open_immutable(&path).unwrap();
+    assert_eq!(ro.load_all().unwrap()[0].binding, t.new);
+}
+
 /// A store on disk with one lease, for the file checks.
 fn store_with_a_lease(dir: &std::path::Path) -> (LeaseStore, Transition) {
     let (mut s, _) = LeaseStore::open(&dir.join("leases.db"), 1).unwrap();

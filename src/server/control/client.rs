@@ -1,5 +1,5 @@
 //! Asking a running box: one request, one answer, over its status or control socket. Used by
-//! `twinlease status` and `twinlease ctl`.
+//! `twinlease status`, `twinlease ctl` and the console (`twinlease tui`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -26,14 +26,20 @@ pub enum ClientError {
 }
 
 pub fn ask(socket: &Path, req: &Request) -> Result<Response, ClientError> {
+    ask_within(socket, req, DEADLINE)
+}
+
+/// [`ask`] with a deadline of the caller's (the console must not freeze for long on a wedged
+/// daemon).
+pub fn ask_within(socket: &Path, req: &Request, deadline: Duration) -> Result<Response, ClientError> {
     let path = socket.display().to_string();
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         std::io::ErrorKind::PermissionDenied => ClientError::Denied { path: path.clone() },
         _ => ClientError::NotRunning { path: path.clone(), source },
     })?;
     let io = |source| ClientError::Io { path: path.clone(), source };
-    stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
-    stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
+    stream.set_read_timeout(Some(deadline)).map_err(io)?;
+    stream.set_write_timeout(Some(deadline)).map_err(io)?;
     stream.write_all(&req.to_line()).map_err(io)?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).map_err(io)?;

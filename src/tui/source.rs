@@ -1,0 +1,188 @@
+//! The console's driver side: reads the status socket each refresh, the lease store (read-only)
+//! when its content may have changed, checks whether the control socket takes our actions, and
+//! sends the actions the operator confirmed.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use super::app::Action;
+use super::data::{ConflictRow, ConflictSide, LeaseRow, Snapshot};
+use crate::config::Config;
+use crate::lease::{Binding, LeaseState, fmt_hw};
+use crate::server::control::Status;
+use crate::server::control::client::{self, ClientError};
+use crate::server::control::protocol::{Request, SUCCESS};
+use crate::store::{LeaseStore, StoredBinding};
+
+/// How long the console waits for the daemon before it says it does not answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+/// The store is re-read at least this often, and whenever the daemon counts a new transition.
+const TABLES_EVERY: Duration = Duration::from_secs(5);
+/// How long a check of the control socket holds.
+const CONTROL_EVERY: Duration = Duration::from_secs(10);
+
+/// What the event loop reads from and acts on (the real box, or a fixed feed in tests).
+pub trait Feed {
+    fn poll(&mut self, now: Instant) -> Snapshot;
+    fn act(&mut self, action: Action) -> Result<String, String>;
+}
+
+/// The running box and its lease store, as the configuration places them.
+pub struct Source {
+    status_socket: PathBuf,
+    control_socket: PathBuf,
+    db_path: PathBuf,
+    read_only: bool,
+    tables_read: Option<(Instant, Option<u64>)>,
+    control_checked: Option<(Instant, Result<(), String>)>,
+}
+
+impl Source {
+    pub fn new(cfg: &Config, read_only: bool) -> Source {
+        Source {
+            status_socket: cfg.control.status_socket(),
+            control_socket: cfg.control.control_socket(),
+            db_path: cfg.lease_db_path(),
+            read_only,
+            tables_read: None,
+            control_checked: None,
+        }
+    }
+
+    fn status(&self) -> Result<Status, String> {
+        let r = client::ask_within(&self.status_socket, &Request::new("status-get", Map::new()), ANSWER_WITHIN)
+            .map_err(|e| e.to_string())?;
+        if r.result != SUCCESS {
+            return Err(format!("the box answered: {}", r.text));
+        }
+        serde_json::from_value(r.arguments.unwrap_or_default()).map_err(|e| format!("unreadable status: {e}"))
+    }
+
+    /// Whether the control socket takes actions from this process.
+    fn control(&mut self, now: Instant, daemon_up: bool) -> Result<(), String> {
+        if self.read_only {
+            return Err("read-only console".to_string());
+        }
+        if !daemon_up {
+            self.control_checked = None;
+            return Err("the daemon is not running".to_string());
+        }
+        if let Some((at, r)) = &self.control_checked
+            && now.saturating_duration_since(*at) < CONTROL_EVERY
+        {
+            return r.clone();
+        }
+        let req = Request::new("list-commands", Map::new());
+        let r = match client::ask_within(&self.control_socket, &req, ANSWER_WITHIN) {
+            Ok(resp) if resp.arguments.as_ref().is_some_and(|a| a.to_string().contains("step-down")) => Ok(()),
+            Ok(resp) => Err(format!("the control socket answered: {}", resp.text)),
+            Err(ClientError::Denied { .. }) => Err("the control socket needs root or the admin group".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        self.control_checked = Some((now, r.clone()));
+        r
+    }
+
+    fn store(&self) -> Result<LeaseStore, String> {
+        if !self.db_path.exists() {
+            return Err(format!("no lease database at {}", self.db_path.display()));
+        }
+        // With no log beside the file nobody writes it; a reader that may not create the log
+        // index (the console unit's read-only file system) then reads the file as it stands.
+        let wal = PathBuf::from(format!("{}-wal", self.db_path.display()));
+        let dir = self.db_path.parent().unwrap_or(std::path::Path::new("."));
+        let may_write = nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok();
+        let store = if wal.exists() || may_write {
+            LeaseStore::open_read_only(&self.db_path)
+        } else {
+            LeaseStore::open_immutable(&self.db_path)
+        };
+        store.map_err(|e| e.to_string())
+    }
+
+    fn tables(&self) -> (Result<Vec<LeaseRow>, String>, Result<Vec<ConflictRow>, String>) {
+        match self.store() {
+            Ok(store) => (
+                store
+                    .load_all()
+                    .map(|rows| rows.iter().filter(|r| r.binding.state != LeaseState::Free).map(lease_row).collect())
+                    .map_err(|e| e.to_string()),
+                store
+                    .conflicts()
+                    .map(|list| {
+                        list.iter()
+                            .map(|c| ConflictRow {
+                                at: c.at,
+                                kind: c.kind.name().to_string(),
+                                kept: conflict_side(&c.winner),
+                                lost: conflict_side(&c.loser),
+                            })
+                            .collect()
+                    })
+                    .map_err(|e| e.to_string()),
+            ),
+            Err(e) => (Err(e.clone()), Err(e)),
+        }
+    }
+}
+
+impl Feed for Source {
+    fn poll(&mut self, now: Instant) -> Snapshot {
+        let status = self.status();
+        let transitions = status.as_ref().ok().map(|s| s.store.transitions);
+        let stale = match self.tables_read {
+            None => true,
+            Some((at, seen)) => seen != transitions || now.saturating_duration_since(at) >= TABLES_EVERY,
+        };
+        let (leases, conflicts) = if stale {
+            self.tables_read = Some((now, transitions));
+            let (l, c) = self.tables();
+            (Some(l), Some(c))
+        } else {
+            (None, None)
+        };
+        let control = self.control(now, status.is_ok());
+        Snapshot { taken_unix: crate::clock::unix_now(), status, leases, conflicts, control }
+    }
+
+    fn act(&mut self, action: Action) -> Result<String, String> {
+        let (command, args) = match action {
+            Action::StepDown => ("step-down", Map::new()),
+            Action::MaintenanceStart => ("maintenance", Map::from_iter([("action".into(), Value::from("start"))])),
+            Action::MaintenanceCancel => ("maintenance", Map::from_iter([("action".into(), Value::from("cancel"))])),
+        };
+        let r = client::ask_within(&self.control_socket, &Request::new(command, args), ANSWER_WITHIN)
+            .map_err(|e| e.to_string())?;
+        // The next refresh must show what the action did.
+        self.tables_read = None;
+        if r.result == SUCCESS { Ok(r.text) } else { Err(r.text) }
+    }
+}
+
+fn lease_row(r: &StoredBinding) -> LeaseRow {
+    let b = &r.binding;
+    LeaseRow {
+        address: b.addr,
+        state: b.state.name().to_string(),
+        client: b.owner.as_ref().map_or_else(|| "-".to_string(), |o| o.to_string()),
+        hw: fmt_hw(&b.hw),
+        hostname: b.hostname.clone().unwrap_or_default(),
+        expires: b.expires,
+        cltt: b.cltt,
+        term: b.term,
+        version: b.version,
+        synced: r.synced(),
+    }
+}
+
+fn conflict_side(b: &Binding) -> ConflictSide {
+    ConflictSide {
+        address: b.addr,
+        state: b.state.name().to_string(),
+        client: b.owner.as_ref().map_or_else(|| "-".to_string(), |o| o.to_string()),
+        term: b.term,
+        cltt: b.cltt,
+    }
+}

@@ -1,0 +1,110 @@
+//! What opens on top of a view: the key help, an action's confirmation, one lease's details.
+
+use std::net::Ipv4Addr;
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::text::Line;
+use ratatui::widgets::{Clear, Paragraph, Widget, Wrap};
+
+use super::events::kind_name;
+use super::{bad, block, bold, centered, warn};
+use crate::tui::app::{Action, App};
+use crate::tui::data::{span, utc};
+
+fn show(title: String, lines: Vec<Line<'static>>, width: u16, app: &App, area: Rect, buf: &mut Buffer) {
+    // Rows once wrapped (word wrapping may need a little more: one spare row).
+    let inner = width.min(area.width).saturating_sub(2).max(1) as usize;
+    let rows: usize = lines.iter().map(|l| l.width().div_ceil(inner).max(1)).sum();
+    let spare = usize::from(lines.iter().any(|l| l.width() > inner));
+    let at = centered(area, width, (rows + spare) as u16 + 2);
+    Clear.render(at, buf);
+    Paragraph::new(lines).wrap(Wrap { trim: false }).block(block(title, app.ascii)).render(at, buf);
+}
+
+pub(super) fn help(app: &App, area: Rect, buf: &mut Buffer) {
+    let mut lines: Vec<Line<'static>> = [
+        "1 2 3 4    Dashboard, Leases, Conflicts, Events",
+        "Tab        next view (Shift-Tab: previous)",
+        "Up Down    move (also j k, PgUp PgDn, g G)",
+        "/          filter leases by address, MAC, host",
+        "Enter      one lease's details and history",
+        "Esc        close, clear the filter",
+        "s          step down (hand over to the partner)",
+        "m          start or cancel maintenance",
+        "q          quit (Ctrl-C too)",
+    ]
+    .into_iter()
+    .map(Line::raw)
+    .collect();
+    lines.push(Line::raw(""));
+    lines.push(match app.may_act() {
+        Ok(()) => Line::raw("Actions ask before they are sent."),
+        Err(why) => Line::styled(why, warn()),
+    });
+    show(" Keys ".to_string(), lines, 56, app, area, buf);
+}
+
+pub(super) fn confirm(action: Action, app: &App, area: Rect, buf: &mut Buffer) {
+    let node = app.dashboard.status.as_ref().map(|s| s.node.clone()).unwrap_or_default();
+    let lines = vec![
+        Line::styled(format!("{} ({node})", action.question()), bold()),
+        Line::raw(""),
+        Line::raw(action.consequence()),
+        Line::raw(""),
+        Line::styled("y / Enter: send it     n / Esc: cancel", warn()),
+    ];
+    show(" Confirm ".to_string(), lines, 50, app, area, buf);
+}
+
+fn field(label: &str, value: String) -> Line<'static> {
+    Line::from(vec![ratatui::text::Span::styled(format!("{label:<9} "), bold()), value.into()])
+}
+
+/// One lease: every field the store keeps, then what is known of its past: the conflicts
+/// that touched it and the events that name it (the store keeps no log of earlier holders).
+pub(super) fn lease(address: Ipv4Addr, app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(r) = app.leases.rows.iter().find(|r| r.address == address) else {
+        return show(format!(" {address} "), vec![Line::styled("no longer in the store", bad())], 40, app, area, buf);
+    };
+    let now = app.leases.now_unix;
+    let left = if r.expires > now { format!("in {}", span(r.expires - now)) } else { "past".to_string() };
+    let holder = if r.state == "free" { "previous" } else { "client" };
+    let mut lines = vec![
+        field("state", r.state.clone()),
+        field(holder, r.client.clone()),
+        field("hw", r.hw.clone()),
+        field("hostname", if r.hostname.is_empty() { "-".to_string() } else { r.hostname.clone() }),
+        field("expires", format!("{} UTC ({left})", utc(r.expires))),
+        field("last seen", format!("{} UTC", utc(r.cltt))),
+        field("term", format!("{}, version {}", r.term, r.version)),
+        field("partner", if r.synced { "holds this version" } else { "not yet told" }.to_string()),
+        Line::raw(""),
+        Line::styled("History", bold()),
+    ];
+    let mut history: Vec<Line<'static>> = app
+        .conflicts
+        .rows
+        .iter()
+        .filter(|c| c.involves(address))
+        .map(|c| {
+            Line::styled(
+                format!("{} {} conflict: kept {}, lost {}", utc(c.at), c.kind, c.kept.client, c.lost.client),
+                warn(),
+            )
+        })
+        .collect();
+    let needle = address.to_string();
+    history.extend(
+        app.events
+            .events
+            .iter()
+            .filter(|e| e.text.split(|c: char| !(c.is_ascii_digit() || c == '.')).any(|w| w == needle))
+            .map(|e| Line::raw(format!("{} {}: {}", utc(e.wall_ms / 1000), kind_name(e.kind), e.text))),
+    );
+    if history.is_empty() {
+        history.push(Line::raw("no conflicts or events name this address"));
+    }
+    lines.extend(history.into_iter().take(8));
+    show(format!(" Lease {address} "), lines, 72, app, area, buf);
+}

@@ -1,0 +1,233 @@
+//! The console on a real pair: `twinlease tui` in tmux on each box of a site (two boxes, a
+//! PostgreSQL arbiter, nothing pinned). The standby's dashboard names the active; after kill -9
+//! of the active the survivor's console shows itself serving within T + I + 2 s (the console
+//! refreshes once a second) while the dead box's console shows the daemon-down banner and still
+//! reads its lease store; `q` quits and leaves the terminal as it found it. And the console
+//! unit's own command line, as an unprivileged user on a Linux console (TERM=linux), reads the
+//! store of a cleanly stopped box it may not write beside.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::site::*;
+use common::*;
+
+/// A tmux server of its own with one session per console; killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn new() -> Tmux {
+        Tmux { socket: unique("tltui") }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket, "-f", "/dev/null"]);
+        c
+    }
+
+    /// Runs the console of `site`'s box `i` in session `name`, 100×30.
+    fn console(&self, name: &str, site: &Site, i: usize) {
+        let srv = site.srv(i);
+        let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
+        self.run(name, (100, 30), &args);
+    }
+
+    /// Runs `argv` in session `name` of `size`. When it ends, the pane shows its exit status and
+    /// whether the terminal is back in cooked mode with echo.
+    fn run(&self, name: &str, (w, h): (u16, u16), argv: &[&str]) {
+        let script = r#""$@"; rc=$?; modes=$(stty -a | tr ' ;' '\n\n' | grep -xE -- '-?(icanon|echo)' | tr '\n' ' '); echo "tui exited $rc; tty: $modes"; exec cat"#;
+        let (w, h) = (w.to_string(), h.to_string());
+        let session = ["new-session", "-d", "-s", name, "-x", &w, "-y", &h, "sh", "-c", script, "sh"];
+        run(self.cmd().args(session).args(argv));
+    }
+
+    /// Presses `q` and checks the console ended well and put the terminal back.
+    fn quit(&self, name: &str) {
+        self.keys(name, "q");
+        let after = self.wait_screen(name, "the console to quit", Duration::from_secs(5), |s| s.contains("tui exited"));
+        assert!(after.contains("tui exited 0;"), "{after}");
+        // Raw mode undone (canonical input and echo back) and the alternate screen left.
+        assert!(after.contains("tty: icanon echo"), "terminal not restored:\n{after}");
+        assert!(!after.contains("1 Dashboard"), "the console's screen stayed:\n{after}");
+    }
+
+    fn screen(&self, name: &str) -> String {
+        String::from_utf8_lossy(&run(self.cmd().args(["capture-pane", "-p", "-t", name])).stdout).into_owned()
+    }
+
+    fn keys(&self, name: &str, keys: &str) {
+        run(self.cmd().args(["send-keys", "-t", name, keys]));
+    }
+
+    /// Polls the pane until `want` holds; on timeout shows the screen.
+    fn wait_screen(&self, name: &str, what: &str, limit: Duration, want: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen(name);
+            if want(&screen) {
+                return screen;
+            }
+            assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}; the screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("kill-server").status();
+    }
+}
+
+#[test]
+fn the_console_follows_a_failover_and_quits_cleanly() {
+    let mut site = Site::new(0);
+    site.start(0);
+    site.start(1);
+    let a =
+        wait_for("a box to win the election", Duration::from_secs(30), || (0..2).find(|&i| site.srv(i).is_active()));
+    let b = 1 - a;
+    let (name_a, name_b) = (["box-a", "box-b"][a], ["box-a", "box-b"][b]);
+    let tmux = Tmux::new();
+    tmux.console("active", &site, a);
+    tmux.console("standby", &site, b);
+
+    tmux.wait_screen("active", "the active's dashboard", Duration::from_secs(10), |s| {
+        s.contains(&format!("{name_a}: serving all clients")) && s.contains("role      active")
+    });
+    tmux.wait_screen("standby", "the standby's dashboard to name the active", Duration::from_secs(10), |s| {
+        s.contains(&format!("{name_b}: standby: {name_a} serves")) && s.contains(&format!("primary   {name_a}"))
+    });
+
+    site.boxes[a].as_mut().unwrap().kill9();
+    let killed = Instant::now();
+    let limit = Duration::from_millis(T_MS + I_MS + 2000);
+    tmux.wait_screen("standby", "the survivor's console to show it active", limit, |s| {
+        s.contains(&format!("{name_b}: serving all clients")) && s.contains("role      active")
+    });
+    eprintln!(
+        "TUI: the survivor's console showed it active {} ms after kill -9 (bound T + I + 2 s = {} ms)",
+        killed.elapsed().as_millis(),
+        limit.as_millis()
+    );
+
+    // The dead box's console: the banner, and the lease table still read from its store.
+    tmux.wait_screen("active", "the daemon-down banner", Duration::from_secs(10), |s| s.contains("DAEMON NOT RUNNING"));
+    tmux.keys("active", "2");
+    let leases = tmux.wait_screen("active", "the lease table from the store", Duration::from_secs(5), |s| {
+        s.contains("Leases: 0 of 0")
+    });
+    assert!(!leases.contains("not readable"), "{leases}");
+
+    tmux.quit("standby");
+    tmux.quit("active");
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The unit's ExecStart= words, the binary replaced by the test build and the configuration
+/// file by `config`.
+fn console_unit_command(config: &std::path::Path) -> Vec<String> {
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/twinlease-console@.service")).unwrap();
+    let line = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("an ExecStart= line");
+    line.split_whitespace()
+        .map(|w| match w {
+            "/usr/bin/twinlease" => BIN.to_string(),
+            "/etc/twinlease/twinlease.toml" => path(config).to_string(),
+            w => w.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_console_unit_command_runs_unprivileged_on_a_linux_console() {
+    // A box that granted one lease and then stopped cleanly.
+    let mut lan = Lan::new("198.18.0.1/24");
+    let c = lan.add_client();
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/24\"\n\
+         pools = [\"198.18.0.100-198.18.0.150\"]\n[control]\nruntime_dir = \"{}\"\n",
+        lan.bridge,
+        dir.path().join("run").display()
+    );
+    let mut srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    let (ns, iface) = lan.client(c);
+    assert!(udhcpc_once(ns, iface, dir.path(), &[]).0.status.success());
+    srv.stop();
+    assert!(!dir.path().join("state/leases.db-wal").exists(), "a clean stop leaves no log beside the store");
+    // The unit's user may read the store but write nothing beside it (there: a read-only file
+    // system; here: directories it does not own).
+    sh(&format!("chmod -R a+rX,go-w {0} && chmod 0755 {0}", dir.path().display()));
+
+    let unit = console_unit_command(&srv.config);
+    assert!(unit.contains(&"--read-only".to_string()), "the VT console is read-only: {unit:?}");
+    let mut argv = vec!["env", "TERM=linux", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"];
+    argv.extend(unit.iter().map(String::as_str));
+    let tmux = Tmux::new();
+    tmux.run("vt", (80, 25), &argv);
+    let screen =
+        tmux.wait_screen("vt", "the daemon-down banner", Duration::from_secs(10), |s| s.contains("DAEMON NOT RUNNING"));
+    assert!(screen.contains("+ This box -") && !screen.contains('┌'), "ASCII borders on TERM=linux:\n{screen}");
+    tmux.keys("vt", "2");
+    tmux.wait_screen("vt", "the lease from the store", Duration::from_secs(5), |s| {
+        s.contains("Leases: 1 of 1") && s.contains("198.18.0.1") && s.contains("leased")
+    });
+    tmux.keys("vt", "s");
+    tmux.wait_screen("vt", "actions refused", Duration::from_secs(5), |s| s.contains("read-only console"));
+    tmux.quit("vt");
+}
+
+/// `make bench-tui`: the console's own CPU time while it shows the dashboard of a running, idle
+/// box for TUI_IDLE_SECS (60) seconds, read from /proc/PID/schedstat (nanoseconds on a CPU) and
+/// /proc/PID/stat (utime + stime ticks).
+#[test]
+#[ignore = "a benchmark: make bench-tui"]
+fn bench_console_idle_cpu() {
+    let secs: u64 = std::env::var("TUI_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\n[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.150\"]\n",
+        lan.bridge
+    );
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    let tmux = Tmux::new();
+    let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
+    tmux.run("idle", (80, 25), &args);
+    tmux.wait_screen("idle", "the dashboard", Duration::from_secs(10), |s| s.contains("serving all clients"));
+    let shell = String::from_utf8(run(tmux.cmd().args(["display", "-p", "-t", "idle", "#{pane_pid}"])).stdout).unwrap();
+    let pid = String::from_utf8(run(Command::new("pgrep").args(["-P", shell.trim()])).stdout).unwrap();
+    let pid = pid.trim().to_string();
+    let read = || {
+        let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+        let on_cpu_ns: u64 = sched.split_whitespace().next().unwrap().parse().unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        // utime and stime: fields 14 and 15 of stat(5), 12 and 13 after the command name.
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        (Instant::now(), on_cpu_ns, ticks)
+    };
+    let (t0, ns0, ticks0) = read();
+    let end = t0 + Duration::from_secs(secs);
+    wait_for("the measuring window", Duration::from_secs(secs + 5), || (Instant::now() >= end).then_some(()));
+    let (t1, ns1, ticks1) = read();
+    let wall = t1.duration_since(t0).as_secs_f64();
+    let pct = (ns1 - ns0) as f64 / 1e9 / wall * 100.0;
+    eprintln!(
+        "TUI idle: {pct:.3} % of one core over {wall:.0} s ({:.1} ms on a CPU; {} utime+stime ticks); build: {}",
+        (ns1 - ns0) as f64 / 1e6,
+        ticks1 - ticks0,
+        if cfg!(debug_assertions) { "debug" } else { "optimised" }
+    );
+    assert!(tmux.screen("idle").contains("serving all clients"), "the console still shows the box");
+    tmux.quit("idle");
+}
