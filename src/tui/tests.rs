@@ -162,7 +162,7 @@ fn standby() -> Status {
 /// box-b, standby, the arbiter unreachable and the partner gone: nobody serves.
 fn not_serving() -> Status {
     let mut s = partner_down(standby());
-    s.summary = "NOT SERVING: arbiter unreachable and no partner vote".to_string();
+    s.summary = "NOT SERVING: arbiter unreachable".to_string();
     let a = &mut s.election.as_mut().unwrap().arbiter;
     a.reachable = false;
     a.last_heartbeat_age_ms = Some(7400);

@@ -370,7 +370,7 @@ pub fn summary(role: &RoleStatus, election: Option<&ElectionStatus>, partner: Op
         return format!("standby, not eligible: {}", role.not_eligible_because.join(", "));
     }
     match election {
-        Some(e) if !e.arbiter.reachable => "NOT SERVING: arbiter unreachable and no partner vote".to_string(),
+        Some(e) if !e.arbiter.reachable => "NOT SERVING: arbiter unreachable".to_string(),
         Some(e) => match &e.arbiter.primary {
             Some(p) => format!("standby: {p} serves"),
             None => "standby: nobody holds the arbiter row yet".to_string(),
