@@ -91,7 +91,7 @@ mkdir -p "$vardir/log/journal" "$root/efi"
 parts="$build/parts"
 rm -rf "$parts" && mkdir -p "$parts"
 step "root-a: squashfs"
-mksquashfs "$root" "$parts/root-a.sqfs" -comp zstd -Xcompression-level 15 -noappend -quiet -e boot \
+mksquashfs "$root" "$parts/root-a.sqfs" -comp zstd -Xcompression-level 6 -noappend -quiet -e boot \
     -mkfs-time "$SOURCE_DATE_EPOCH" -all-time "$SOURCE_DATE_EPOCH" >/dev/null
 root_bytes=$(stat -c %s "$parts/root-a.sqfs")
 if ((root_bytes > ROOT_MIB * 1024 * 1024)); then
