@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the firmware disk image without mounting anything:
 #   scripts/build-image.sh ARCH BIN OUT.img
-# 1. the Debian bootstrap (mmdebstrap, image/bootstrap/), cached as a tar keyed by a hash of the
-#    package lists, hooks and this script: under $BUILD/cache and in $IMAGE_CACHE (outside the
+# 1. the Debian bootstrap (image/bootstrap/mmdebstrap.sh), cached as a tar keyed by a hash of
+#    image/bootstrap/ (packages, hooks, module lists): in $BUILD/ARCH/cache and $IMAGE_CACHE (outside the
 #    tree, shared by every checkout on the machine);
 # 2. the twinlease layer (make install, image/apply.sh, image/rootfs/) on a copy of it;
 # 3. each partition from that tree: squashfs (root-a), ext4 -d (data; empty root-b),
@@ -65,7 +65,6 @@ systemd-sysusers --root="$root" "$root/usr/lib/sysusers.d/twinlease-image.conf" 
 systemctl --root="$root" enable systemd-networkd.service twinlease-provision.service \
     twinlease-boot-report.service twinlease-ssh-keys.service \
     twinlease-console-status.service >/dev/null 2>&1
-systemctl --root="$root" disable ssh.service >/dev/null 2>&1 || true
 systemctl --root="$root" enable ssh.service >/dev/null 2>&1
 # The configuration lives on data (keys, passwords); /etc is read-only.
 ln -sfn /var/lib/twinlease-site "$root/etc/twinlease"
