@@ -1,9 +1,10 @@
 //! The firmware image as a box runs it: `make image`'s disk booted under QEMU (TCG) with a site
 //! directory written onto its ESP, its NICs on tap devices bridged onto a LAN of namespaces, and
 //! real DHCP clients on that LAN. `make test-image` (in `make test`) builds the image, sets
-//! TWINLEASE_IMAGE and runs the pair and the bad-site boxes, started the way systemd-boot starts
-//! them (kernel, initrd and options from the ESP); `make test-image-uefi` boots one box through
-//! OVMF and systemd-boot. A plain `cargo test` has no image and skips them all.
+//! TWINLEASE_IMAGE and runs the pair and two bad-site boxes, started the way systemd-boot starts
+//! them (kernel, initrd and options from the ESP); `make test-image-full` adds one box booted
+//! through OVMF and systemd-boot and two more bad sites. A plain `cargo test` has no image and
+//! skips them all.
 
 mod common;
 
@@ -82,26 +83,37 @@ const KEY: &str = "c2hhcmVkIHNlY3JldCBmb3IgdGhlIGltYWdlIHRlc3Rz\n";
 
 #[test]
 #[ignore = "boots the firmware image: make test-image"]
-fn bad_or_missing_site_is_refused_on_the_console_without_a_restart_loop() {
-    // (case, site, what the console must name). FAT has no modes: the box sets them when it
-    // installs the site, so a key with a wrong mode can only come from a config that points at
-    // a file outside the installed site, here the ESP's root-only copy.
-    let cases: Vec<(&str, Option<SiteDir>, &str)> = vec![
+fn invalid_or_missing_site_is_refused_on_the_console_without_a_restart_loop() {
+    refused_in_pairs(vec![
         (
             "invalid",
             Some(one_box_site().file("twinlease.toml", &format!("{ONE_BOX}\n[bogus]\nx = 1\n"))),
             "unknown field",
         ),
+        ("none", None, "NOT CONFIGURED"),
+    ]);
+}
+
+#[test]
+#[ignore = "boots the firmware image: make test-image-full"]
+fn missing_or_unreadable_key_is_refused_on_the_console() {
+    // FAT has no modes: the box sets them when it installs the site, so a key with a wrong mode
+    // can only come from a config that points at a file outside the installed site, here the
+    // ESP's root-only copy.
+    refused_in_pairs(vec![
         ("missing", Some(one_box_site().file("twinlease.toml", &with_peer("/etc/twinlease/peer.key"))), "peer.key"),
         (
             "mode",
             Some(one_box_site().file("twinlease.toml", &with_peer("/efi/twinlease/peer.key")).file("peer.key", KEY)),
             "/efi/twinlease/peer.key",
         ),
-        ("none", None, "NOT CONFIGURED"),
-    ];
+    ]);
+}
+
+/// Boots one box per (case, site, what the console must name), two VMs at a time (TCG boots
+/// are CPU-bound and the machine has two cores), and checks each refused its site.
+fn refused_in_pairs(cases: Vec<(&str, Option<SiteDir>, &str)>) {
     let img = image();
-    // Two VMs at a time: TCG boots are CPU-bound and the machine has two cores.
     for batch in cases.chunks(2) {
         let nets: Vec<OneBoxLan> = batch.iter().map(|_| one_box_lan()).collect();
         let mut vms: Vec<Vm> = batch
@@ -326,7 +338,7 @@ fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
 }
 
 #[test]
-#[ignore = "boots the firmware image through OVMF: make test-image-uefi"]
+#[ignore = "boots the firmware image through OVMF: make test-image-full"]
 fn boot_through_uefi_and_systemd_boot() {
     let net = one_box_lan();
     let site = one_box_site();
