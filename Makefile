@@ -20,6 +20,7 @@ deps:
 test: deps
 	$(CARGO) test --all-targets --features fault-injection --no-fail-fast -- --test-threads=$${TEST_THREADS:-8}
 	@if [ "$(PACKAGING_TESTS)" != 0 ]; then $(MAKE) --no-print-directory test-packaging; fi
+	@if [ "$(IMAGE_TESTS)" != 0 ]; then $(MAKE) --no-print-directory test-image; fi
 
 test-unit:
 	$(CARGO) test --lib

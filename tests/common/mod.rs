@@ -872,6 +872,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 pub mod arbiter;
 pub mod pair;
 pub mod site;
+pub mod vm;
 
 /// tcpdump writing DHCP replies (UDP from port 67) seen on one interface to a pcap file;
 /// `start` returns once tcpdump says it is listening. Immediate mode: without it, packets wait
