@@ -110,6 +110,9 @@ pub struct Allocator {
     subnet_network: Vec<NetworkId>,
     /// Every busy address by (expiry, address), for the reaper.
     busy: BTreeSet<(UnixSecs, Ipv4Addr)>,
+    /// Per pool: dynamic addresses on offer (never requested) by (time offered, address): when
+    /// a pool is exhausted the one offered longest ago goes to a new client (see `choose.rs`).
+    offered: Vec<BTreeSet<(UnixSecs, Ipv4Addr)>>,
     /// The client's latest address in a network (current or previous binding); validated
     /// against the slot's owner on use, so a stale entry is harmless.
     by_client: HashMap<(NetworkId, ClientKey), Ipv4Addr>,
@@ -166,6 +169,7 @@ impl Allocator {
             network_pools: config.networks.iter().map(|n| n.pools.clone()).collect(),
             subnet_network: config.subnets.iter().map(|s| s.network).collect(),
             busy: BTreeSet::new(),
+            offered: vec![BTreeSet::new(); config.pools.len()],
             by_client: HashMap::new(),
             reservations: Vec::new(),
             by_mac: HashMap::new(),
@@ -351,6 +355,14 @@ impl Allocator {
             self.busy.insert((new.expires, addr));
         } else if let Some(q) = queue {
             self.free[q].insert((new.expires, addr));
+        }
+        if let Some(q) = queue {
+            if old.state == LeaseState::Offered {
+                self.offered[q].remove(&(old.cltt, addr));
+            }
+            if new.state == LeaseState::Offered {
+                self.offered[q].insert((new.cltt, addr));
+            }
         }
         if let Some(o) = &old.owner
             && new.owner.as_ref() != Some(o)

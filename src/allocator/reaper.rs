@@ -115,6 +115,14 @@ impl Allocator {
         if queued_total != free_dynamic {
             return Err(format!("{queued_total} queued entries for {free_dynamic} free addresses"));
         }
+        let offered_dynamic = |s: &&super::Slot| s.reserved.is_none() && s.b.state == LeaseState::Offered;
+        let on_offer: Vec<(UnixSecs, Ipv4Addr)> =
+            self.slots.values().filter(offered_dynamic).map(|s| (s.b.cltt, s.b.addr)).collect();
+        let offered_indexed =
+            on_offer.iter().all(|(at, a)| self.slots[a].pool.is_some_and(|p| self.offered[p].contains(&(*at, *a))));
+        if !offered_indexed || on_offer.len() != self.offered.iter().map(|q| q.len()).sum::<usize>() {
+            return Err("the offer index differs from the offered slots".into());
+        }
         if self.busy.len() != self.slots.values().filter(|s| s.b.state.is_busy()).count() {
             return Err("busy index size differs from busy slots".into());
         }

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::dhcp::{self, Answer, Decision, Ingress, PendingOffer, Reply, Request, Silence};
 use crate::events::Events;
 use crate::lease::{Binding, ClientKey, LeaseState, Transition};
+use crate::logging::Summarised;
 use crate::role::{Role, RoleRx};
 use crate::store::writer::AfterCommit;
 use crate::store::{StoreWriter, WriterEvent};
@@ -47,6 +48,10 @@ pub struct EngineStats {
     pub acks: AtomicU64,
     pub naks: AtomicU64,
     pub exhausted: AtomicU64,
+    /// OFFERs of an address taken from another client's unrequested offer (pool exhausted).
+    pub reclaimed: AtomicU64,
+    /// DISCOVERs from new clients over `[dhcp] new_client_discovers_per_sec` on their circuit.
+    pub rate_limited: AtomicU64,
     pub leases: AtomicU64,
     /// Monotonic milliseconds since start when the engine loop last went round.
     pub alive_ms: AtomicU64,
@@ -65,6 +70,8 @@ impl Default for EngineStats {
             acks: zero(),
             naks: zero(),
             exhausted: zero(),
+            reclaimed: zero(),
+            rate_limited: zero(),
             leases: zero(),
             alive_ms: zero(),
         }
@@ -133,6 +140,49 @@ pub struct Engine {
     /// Lease sync with the partner box, when `[peer]` is configured.
     pub(super) replication: Option<Replication>,
     replication_inputs: Option<ReplicationInputs>,
+    flood_log: FloodLog,
+}
+
+/// The warnings a flood of requests repeats once per packet, each written once and then
+/// summarised per window (the status counters keep the exact numbers).
+struct FloodLog {
+    exhausted: Summarised,
+    reclaimed: Summarised,
+    nak: Summarised,
+    rate_limited: Summarised,
+}
+
+/// The summary window of [`FloodLog`]: at most two lines per kind per window.
+const FLOOD_LOG_WINDOW: Duration = Duration::from_secs(10);
+
+impl FloodLog {
+    fn new() -> FloodLog {
+        let w = || Summarised::new(FLOOD_LOG_WINDOW);
+        FloodLog { exhausted: w(), reclaimed: w(), nak: w(), rate_limited: w() }
+    }
+
+    /// Writes the summary of every kind whose window is over.
+    fn summarise(&mut self, now: Instant) {
+        let secs = FLOOD_LOG_WINDOW.as_secs();
+        if let Some(n) = self.exhausted.summary(now) {
+            tracing::warn!(refused = n, "pool exhausted: {n} DISCOVERs refused in the last {secs} s");
+        }
+        if let Some(n) = self.reclaimed.summary(now) {
+            tracing::warn!(
+                reclaimed = n,
+                "pool full of unrequested offers: {n} offers reclaimed for new clients in the last {secs} s"
+            );
+        }
+        if let Some(n) = self.nak.summary(now) {
+            tracing::info!(naks = n, "DHCPNAK: {n} more REQUESTs refused in the last {secs} s");
+        }
+        if let Some(n) = self.rate_limited.summary(now) {
+            tracing::warn!(
+                dropped = n,
+                "DISCOVER rate limit: {n} DISCOVERs from new clients dropped in the last {secs} s"
+            );
+        }
+    }
 }
 
 /// Requests waiting for the engine; beyond this the receive tasks drop (clients retry). Kept
@@ -180,6 +230,7 @@ impl Engine {
             ticks: 0,
             replication: None,
             replication_inputs: None,
+            flood_log: FloodLog::new(),
         };
         let handle =
             EngineHandle { inbox: inbox_tx, stats, snapshot: snapshot_rx, commands: commands_tx, stop: stop_tx };
@@ -298,9 +349,20 @@ impl Engine {
                 self.commit(transitions);
                 self.send_later(reply, socket, &[])();
             }
+            Answer::Reclaimed { reply, from } => {
+                self.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if self.flood_log.reclaimed.occurred(Instant::now()) {
+                    let (address, to) = (reply.yiaddr, transitions_owner(&transitions, reply.yiaddr));
+                    tracing::warn!(%address, %from, client = %to, "pool exhausted: an unrequested offer reclaimed for a new client");
+                }
+                self.commit(transitions);
+                self.send_later(reply, socket, &[])();
+            }
             Answer::Nak { reply, refused } => {
                 self.commit(transitions);
-                tracing::info!(address = %refused.addr, reason = refused.reason, "DHCPNAK");
+                if self.flood_log.nak.occurred(Instant::now()) {
+                    tracing::info!(address = %refused.addr, reason = refused.reason, "DHCPNAK");
+                }
                 self.send_later(reply, socket, &[])();
             }
             Answer::Probe(pending) => {
@@ -361,11 +423,13 @@ impl Engine {
         });
     }
 
-    fn log_silence(&self, why: Silence) {
+    fn log_silence(&mut self, why: Silence) {
         match why {
             Silence::PoolExhausted => {
                 self.stats.exhausted.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("pool exhausted: no address to offer");
+                if self.flood_log.exhausted.occurred(Instant::now()) {
+                    tracing::warn!("pool exhausted: no address to offer");
+                }
             }
             Silence::AliasHeldOff { group, holder } => {
                 tracing::info!(%group, %holder, "alias group busy; request held off");
@@ -388,6 +452,7 @@ impl Engine {
     }
 
     fn housekeeping(&mut self) {
+        self.flood_log.summarise(Instant::now());
         let now = unix_now();
         // Only the active box expires leases; a standby mirrors the active's table and would
         // otherwise race it with changes of its own.
@@ -447,6 +512,11 @@ impl std::fmt::Display for Owner<'_> {
             None => f.write_str("-"),
         }
     }
+}
+
+/// The client a change of `addr` among `transitions` gives it to (for the log).
+fn transitions_owner(transitions: &[Transition], addr: std::net::Ipv4Addr) -> Owner<'_> {
+    Owner(transitions.iter().rev().find(|t| t.new.addr == addr).and_then(|t| t.new.owner.as_ref()))
 }
 
 fn count_reply(stats: &EngineStats, kind: MessageType) {
