@@ -113,7 +113,7 @@ impl Allocator {
         let oldest = self.network_pools[network]
             .iter()
             .filter(|p| self.pools[**p].admits(classes))
-            .filter_map(|p| self.offered[*p].first())
+            .filter_map(|p| self.offered[*p].first_key_value())
             .min();
         let reclaim = oldest.and_then(|(_, addr)| {
             let b = &self.slots[addr].b;

@@ -116,10 +116,10 @@ impl Allocator {
             return Err(format!("{queued_total} queued entries for {free_dynamic} free addresses"));
         }
         let offered_dynamic = |s: &&super::Slot| s.reserved.is_none() && s.b.state == LeaseState::Offered;
-        let on_offer: Vec<(UnixSecs, Ipv4Addr)> =
-            self.slots.values().filter(offered_dynamic).map(|s| (s.b.cltt, s.b.addr)).collect();
-        let offered_indexed =
-            on_offer.iter().all(|(at, a)| self.slots[a].pool.is_some_and(|p| self.offered[p].contains(&(*at, *a))));
+        let on_offer: Vec<&super::Slot> = self.slots.values().filter(offered_dynamic).collect();
+        let offered_indexed = on_offer.iter().all(|s| {
+            s.offer_key.0 == s.b.cltt && s.pool.is_some_and(|p| self.offered[p].get(&s.offer_key) == Some(&s.b.addr))
+        });
         if !offered_indexed || on_offer.len() != self.offered.iter().map(|q| q.len()).sum::<usize>() {
             return Err("the offer index differs from the offered slots".into());
         }

@@ -28,6 +28,56 @@ pub enum Input {
     ProbeDone { pending: PendingOffer, socket: usize, answered: bool },
 }
 
+/// The engine's two input lanes. DISCOVERs wait in a lane of their own, and everything else
+/// (REQUESTs, RELEASEs, DECLINEs, INFORMs, probe results) goes first: a REQUEST completes a
+/// handshake an OFFER began, so under a DISCOVER flood it must not queue behind the flood
+/// (its offer would be reclaimed for the flood before it got its turn). Order within a lane,
+/// and so per client, is kept: a client sends its REQUEST only after our OFFER.
+#[derive(Clone)]
+pub struct Inbox {
+    first: mpsc::Sender<Input>,
+    discovers: mpsc::Sender<Input>,
+}
+
+impl Inbox {
+    fn lane(&self, input: &Input) -> &mpsc::Sender<Input> {
+        match input {
+            Input::Packet { req, .. } if req.kind == MessageType::Discover => &self.discovers,
+            _ => &self.first,
+        }
+    }
+
+    /// Queues `input` unless its lane is full.
+    pub fn try_send(&self, input: Input) -> Result<(), mpsc::error::TrySendError<Input>> {
+        self.lane(&input).try_send(input)
+    }
+
+    /// Queues `input`, waiting for room.
+    pub async fn send(&self, input: Input) -> Result<(), mpsc::error::SendError<Input>> {
+        self.lane(&input).send(input).await
+    }
+}
+
+/// The receiving ends of an [`Inbox`].
+struct Lanes {
+    first: mpsc::Receiver<Input>,
+    discovers: mpsc::Receiver<Input>,
+}
+
+impl Lanes {
+    /// The next input, from the first lane whenever it has one.
+    async fn next(&mut self) -> Option<Input> {
+        if let Ok(i) = self.first.try_recv() {
+            return Some(i);
+        }
+        tokio::select! {
+            biased;
+            i = self.first.recv() => i,
+            i = self.discovers.recv() => i,
+        }
+    }
+}
+
 /// Where a reply leaves: a DHCP socket (`socket::ReplySender`), or a capture in tests.
 pub trait Transmit: Send + Sync {
     /// Sends `reply`; `false` if it could not be sent.
@@ -112,7 +162,7 @@ pub enum EngineCommand {
 
 /// What the rest of the daemon keeps of a spawned engine.
 pub struct EngineHandle {
-    pub inbox: mpsc::Sender<Input>,
+    pub inbox: Inbox,
     pub stats: Arc<EngineStats>,
     pub snapshot: watch::Receiver<EngineSnapshot>,
     pub commands: mpsc::Sender<EngineCommand>,
@@ -128,8 +178,8 @@ pub struct Engine {
     senders: Vec<Arc<dyn Transmit>>,
     pinger: Option<Arc<Pinger>>,
     role: RoleRx,
-    inbox: mpsc::Receiver<Input>,
-    inbox_tx: mpsc::Sender<Input>,
+    inbox: Lanes,
+    inbox_tx: Inbox,
     stats: Arc<EngineStats>,
     snapshot: watch::Sender<EngineSnapshot>,
     commands: mpsc::Receiver<EngineCommand>,
@@ -185,7 +235,7 @@ impl FloodLog {
     }
 }
 
-/// Requests waiting for the engine; beyond this the receive tasks drop (clients retry). Kept
+/// Requests waiting for the engine, per lane; beyond this the receive tasks drop (clients retry). Kept
 /// short on purpose: under overload a long queue only means answering requests whose clients
 /// have given up (≈0.2 s of work at 10,000 requests/s).
 pub const INBOX: usize = 2048;
@@ -206,7 +256,9 @@ impl Engine {
         senders: Vec<Arc<dyn Transmit>>,
         role: RoleRx,
     ) -> (Engine, EngineHandle) {
-        let (inbox_tx, inbox) = mpsc::channel(INBOX);
+        let (first, first_rx) = mpsc::channel(INBOX);
+        let (discovers, discovers_rx) = mpsc::channel(INBOX);
+        let (inbox_tx, inbox) = (Inbox { first, discovers }, Lanes { first: first_rx, discovers: discovers_rx });
         let (stop_tx, stop) = oneshot::channel();
         let (commands_tx, commands) = mpsc::channel(4);
         let (snapshot, snapshot_rx) = watch::channel(EngineSnapshot::default());
@@ -272,7 +324,7 @@ impl Engine {
             self.stats.alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
                 _ = &mut self.stop => break,
-                input = self.inbox.recv() => match input {
+                input = self.inbox.next() => match input {
                     Some(i) => self.on_input(i),
                     None => break,
                 },

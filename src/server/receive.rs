@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
-use super::engine::{EngineStats, Input};
+use super::engine::{EngineStats, Inbox, Input};
 use super::interfaces::Interfaces;
 use super::socket::DhcpSocket;
 use crate::dhcp::{self, Ingress};
@@ -16,7 +14,7 @@ pub(super) async fn receive(
     sock: DhcpSocket,
     index: usize,
     ifaces: Arc<Interfaces>,
-    inbox: mpsc::Sender<Input>,
+    inbox: Inbox,
     stats: Arc<EngineStats>,
 ) {
     let mut buf = vec![0u8; 4096];
