@@ -88,6 +88,9 @@ pub trait Transmit: Send + Sync {
 #[derive(Debug)]
 pub struct EngineStats {
     pub received: AtomicU64,
+    /// Broadcasts on a served interface that reached the relay socket as well (skipped there;
+    /// the socket filter keeps this near 0).
+    pub duplicates: AtomicU64,
     /// Datagrams that were not a usable DHCP request.
     pub malformed: AtomicU64,
     /// Requests by message type.
@@ -100,8 +103,6 @@ pub struct EngineStats {
     pub exhausted: AtomicU64,
     /// OFFERs of an address taken from another client's unrequested offer (pool exhausted).
     pub reclaimed: AtomicU64,
-    /// DISCOVERs from new clients over `[dhcp] new_client_discovers_per_sec` on their circuit.
-    pub rate_limited: AtomicU64,
     pub leases: AtomicU64,
     /// Monotonic milliseconds since start when the engine loop last went round.
     pub alive_ms: AtomicU64,
@@ -112,6 +113,7 @@ impl Default for EngineStats {
         let zero = AtomicU64::default;
         EngineStats {
             received: zero(),
+            duplicates: zero(),
             malformed: zero(),
             requests: ["discover", "request", "decline", "release", "inform", "other"].map(|k| (k, zero())),
             dropped_not_active: zero(),
@@ -121,7 +123,6 @@ impl Default for EngineStats {
             naks: zero(),
             exhausted: zero(),
             reclaimed: zero(),
-            rate_limited: zero(),
             leases: zero(),
             alive_ms: zero(),
         }
@@ -199,7 +200,6 @@ struct FloodLog {
     exhausted: Summarised,
     reclaimed: Summarised,
     nak: Summarised,
-    rate_limited: Summarised,
 }
 
 /// The summary window of [`FloodLog`]: at most two lines per kind per window.
@@ -208,7 +208,7 @@ const FLOOD_LOG_WINDOW: Duration = Duration::from_secs(10);
 impl FloodLog {
     fn new() -> FloodLog {
         let w = || Summarised::new(FLOOD_LOG_WINDOW);
-        FloodLog { exhausted: w(), reclaimed: w(), nak: w(), rate_limited: w() }
+        FloodLog { exhausted: w(), reclaimed: w(), nak: w() }
     }
 
     /// Writes the summary of every kind whose window is over.
@@ -225,12 +225,6 @@ impl FloodLog {
         }
         if let Some(n) = self.nak.summary(now) {
             tracing::info!(naks = n, "DHCPNAK: {n} more REQUESTs refused in the last {secs} s");
-        }
-        if let Some(n) = self.rate_limited.summary(now) {
-            tracing::warn!(
-                dropped = n,
-                "DISCOVER rate limit: {n} DISCOVERs from new clients dropped in the last {secs} s"
-            );
         }
     }
 }

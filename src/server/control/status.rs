@@ -351,7 +351,7 @@ impl Sources {
             dropped: [
                 ("not-active", &e.dropped_not_active),
                 ("queue-full", &e.dropped_queue_full),
-                ("rate-limited", &e.rate_limited),
+                ("duplicate", &e.duplicates),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), load(v)))
