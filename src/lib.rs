@@ -16,6 +16,7 @@ pub mod config;
 pub mod dhcp;
 pub mod election;
 pub mod events;
+pub mod fuzzing;
 pub mod lease;
 pub mod logging;
 pub mod role;

@@ -128,11 +128,81 @@ impl Throttle {
     }
 }
 
+/// A warning that can repeat once per packet (pool exhausted, DHCPNAK, reclaimed offers): the
+/// first occurrence after a quiet window is written as it happens, the rest are only counted,
+/// and [`Self::summary`] (called about once a second) hands out the count once per window for
+/// one summary line ("N more in the last 10 s"). So a flood writes at most two lines per window
+/// per kind, however fast it is. Time is passed in.
+#[derive(Debug, Clone)]
+pub struct Summarised {
+    window: std::time::Duration,
+    /// When the current window opened; `None` after a window with nothing held back.
+    window_start: Option<std::time::Instant>,
+    held_back: u64,
+}
+
+impl Summarised {
+    pub const fn new(window: std::time::Duration) -> Summarised {
+        Summarised { window, window_start: None, held_back: 0 }
+    }
+
+    /// True: write this occurrence now. False: it is counted for the summary.
+    pub fn occurred(&mut self, now: std::time::Instant) -> bool {
+        if self.window_start.is_none() {
+            self.window_start = Some(now);
+            return true;
+        }
+        self.held_back += 1;
+        false
+    }
+
+    /// `Some(n)` once the window is over and `n > 0` occurrences were held back in it: write
+    /// the summary. A window that held nothing back ends quietly, and the next occurrence is
+    /// written at once again.
+    pub fn summary(&mut self, now: std::time::Instant) -> Option<u64> {
+        let start = self.window_start?;
+        if now.saturating_duration_since(start) < self.window {
+            return None;
+        }
+        let held_back = std::mem::take(&mut self.held_back);
+        self.window_start = (held_back > 0).then_some(now);
+        (held_back > 0).then_some(held_back)
+    }
+
+    pub fn window_secs(&self) -> u64 {
+        self.window.as_secs()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::Throttle;
+    use super::{Summarised, Throttle};
+
+    #[test]
+    fn a_summarised_warning_writes_two_lines_per_window_under_a_flood() {
+        let t0 = Instant::now();
+        let secs = |s: u64| t0 + Duration::from_millis(s * 1000);
+        let mut w = Summarised::new(Duration::from_secs(10));
+        let mut lines = 0;
+        // 60 s of 1,000 occurrences a second, summaries asked for every second.
+        for s in 0..60 {
+            lines += (0..1000).filter(|_| w.occurred(secs(s))).count();
+            lines += usize::from(w.summary(secs(s + 1)).is_some());
+        }
+        assert!(lines <= 7, "{lines} lines in a minute");
+        // The flood's tail comes out when its window is over, then the log is quiet, and the
+        // next occurrence is written at once.
+        assert_eq!((0..5).filter(|_| w.occurred(secs(60))).count(), 0);
+        assert_eq!(w.summary(secs(65)), None);
+        assert_eq!(w.summary(secs(70)), Some(5));
+        assert_eq!(w.summary(secs(80)), None);
+        assert_eq!(w.summary(secs(100)), None);
+        assert!(w.occurred(secs(101)));
+        assert!(!w.occurred(secs(101)));
+        assert_eq!(w.summary(secs(111)), Some(1));
+    }
 
     #[test]
     fn a_throttle_lets_a_burst_through_per_window_and_counts_the_rest() {

@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 
 use super::Allocator;
-use crate::config::{AliasBusyPolicy, ClassSet, SubnetId};
+use crate::config::{AliasBusyPolicy, ClassSet, NetworkId, SubnetId};
 use crate::lease::{ClientKey, LeaseState, UnixSecs};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +15,11 @@ pub enum Choice {
     HeldOff { group: String, holder: ClientKey },
     /// The client's reserved address is quarantined (declined or answered a ping).
     ReservedUnavailable { addr: Ipv4Addr },
-    /// No free address in a pool the client may use.
+    /// No free address, but `addr` has been on offer to `from` longest of all and was never
+    /// requested: an OFFER is not a promise, so it goes to this client instead (a flood of
+    /// DISCOVERs cannot lock out a real client by holding every address in an offer).
+    Reclaim { addr: Ipv4Addr, from: ClientKey },
+    /// No free address in a pool the client may use, and none on offer to reclaim.
     Exhausted,
 }
 
@@ -38,7 +42,8 @@ impl Allocator {
     /// address it asked for, if free and not held back for another client; then the pools it
     /// may use (those that allow one of its classes first, then those open to all, each group
     /// in order): the first one whose queue head is available now, else (every such address
-    /// is held for a returning client) the head free longest among them.
+    /// is held for a returning client) the head free longest among them; else (none is free)
+    /// the address offered longest ago in those pools and never requested.
     #[allow(clippy::too_many_arguments)]
     pub fn choose_for(
         &self,
@@ -97,8 +102,25 @@ impl Allocator {
         }
         match oldest {
             Some((_, addr)) => Choice::Offer { addr, fresh: true, take_over: false },
-            None => Choice::Exhausted,
+            None => self.oldest_offer(network, classes),
         }
+    }
+
+    /// The dynamic address offered longest ago (and never requested) in the pools of `network`
+    /// a client in `classes` may use: [`Choice::Reclaim`], or [`Choice::Exhausted`] if none is
+    /// on offer. Reserved addresses are never on this list, nor is anything leased.
+    fn oldest_offer(&self, network: NetworkId, classes: ClassSet) -> Choice {
+        let oldest = self.network_pools[network]
+            .iter()
+            .filter(|p| self.pools[**p].admits(classes))
+            .filter_map(|p| self.offered[*p].first_key_value())
+            .min();
+        let reclaim = oldest.and_then(|(_, addr)| {
+            let b = &self.slots[addr].b;
+            let from = b.owner.clone().filter(|_| b.state == LeaseState::Offered)?;
+            Some(Choice::Reclaim { addr: *addr, from })
+        });
+        reclaim.unwrap_or(Choice::Exhausted)
     }
 
     fn choose_reserved(&self, r: usize, client: &ClientKey, now: UnixSecs) -> Choice {

@@ -25,7 +25,7 @@ mod replica;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use rustc_hash::FxHashMap;
@@ -78,6 +78,8 @@ struct Slot {
     /// The version of this binding the partner is known to hold (synced iff equal to
     /// `b.version`); mirrors the store's `peer_synced_version`.
     synced: u64,
+    /// While offered: its key in the offer index (time offered, then order within the second).
+    offer_key: (UnixSecs, u64),
 }
 
 /// Why a transition could not be applied.
@@ -110,6 +112,12 @@ pub struct Allocator {
     subnet_network: Vec<NetworkId>,
     /// Every busy address by (expiry, address), for the reaper.
     busy: BTreeSet<(UnixSecs, Ipv4Addr)>,
+    /// Per pool: dynamic addresses on offer (never requested) by (time offered, order of the
+    /// offer): when a pool is exhausted the one offered longest ago goes to a new client (see
+    /// `choose.rs`). Times are whole seconds, and a flood makes hundreds of offers a second.
+    offered: Vec<BTreeMap<(UnixSecs, u64), Ipv4Addr>>,
+    /// Offers made so far: orders the offers of one second.
+    offers_made: u64,
     /// The client's latest address in a network (current or previous binding); validated
     /// against the slot's owner on use, so a stale entry is harmless.
     by_client: HashMap<(NetworkId, ClientKey), Ipv4Addr>,
@@ -166,6 +174,8 @@ impl Allocator {
             network_pools: config.networks.iter().map(|n| n.pools.clone()).collect(),
             subnet_network: config.subnets.iter().map(|s| s.network).collect(),
             busy: BTreeSet::new(),
+            offered: vec![BTreeMap::new(); config.pools.len()],
+            offers_made: 0,
             by_client: HashMap::new(),
             reservations: Vec::new(),
             by_mac: HashMap::new(),
@@ -186,7 +196,15 @@ impl Allocator {
             let network = config.subnets[r.subnet].network;
             a.slots.insert(
                 r.ip,
-                Slot { b: Binding::fresh(r.ip), subnet: r.subnet, network, pool, reserved: Some(i), synced: 0 },
+                Slot {
+                    b: Binding::fresh(r.ip),
+                    subnet: r.subnet,
+                    network,
+                    pool,
+                    reserved: Some(i),
+                    synced: 0,
+                    offer_key: (0, 0),
+                },
             );
             a.state_counts[r.subnet][0] += 1;
         }
@@ -203,6 +221,7 @@ impl Allocator {
                     pool: Some(pool.id),
                     reserved: None,
                     synced: 0,
+                    offer_key: (0, 0),
                 };
                 a.slots.insert(addr, slot);
                 a.free[pool.id].insert((0, addr));
@@ -351,6 +370,16 @@ impl Allocator {
             self.busy.insert((new.expires, addr));
         } else if let Some(q) = queue {
             self.free[q].insert((new.expires, addr));
+        }
+        if let Some(q) = queue {
+            if old.state == LeaseState::Offered {
+                self.offered[q].remove(&slot.offer_key);
+            }
+            if new.state == LeaseState::Offered {
+                self.offers_made += 1;
+                slot.offer_key = (new.cltt, self.offers_made);
+                self.offered[q].insert(slot.offer_key, addr);
+            }
         }
         if let Some(o) = &old.owner
             && new.owner.as_ref() != Some(o)

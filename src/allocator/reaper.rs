@@ -115,6 +115,14 @@ impl Allocator {
         if queued_total != free_dynamic {
             return Err(format!("{queued_total} queued entries for {free_dynamic} free addresses"));
         }
+        let offered_dynamic = |s: &&super::Slot| s.reserved.is_none() && s.b.state == LeaseState::Offered;
+        let on_offer: Vec<&super::Slot> = self.slots.values().filter(offered_dynamic).collect();
+        let offered_indexed = on_offer.iter().all(|s| {
+            s.offer_key.0 == s.b.cltt && s.pool.is_some_and(|p| self.offered[p].get(&s.offer_key) == Some(&s.b.addr))
+        });
+        if !offered_indexed || on_offer.len() != self.offered.iter().map(|q| q.len()).sum::<usize>() {
+            return Err("the offer index differs from the offered slots".into());
+        }
         if self.busy.len() != self.slots.values().filter(|s| s.b.state.is_busy()).count() {
             return Err("busy index size differs from busy slots".into());
         }

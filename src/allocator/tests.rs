@@ -43,6 +43,32 @@ fn queue_head_is_the_address_free_longest() {
 }
 
 #[test]
+fn an_exhausted_pool_reclaims_the_offer_made_longest_ago() {
+    let mut a = Allocator::new(&config(""));
+    a.lease(ip(10), &key(10), &mac(10), None, 1000, 0);
+    a.lease(ip(11), &key(11), &mac(11), None, 1000, 0);
+    // Three offers, made at 5, 7 and 6 (reserved 198.18.0.50 is for anna only).
+    for (n, at) in [(12, 5), (13, 7), (14, 6)] {
+        assert_eq!(offer_addr(a.choose(0, &key(n), &mac(n), None, None, at)), ip(n));
+        a.offer(ip(n), &key(n), &mac(n), at);
+    }
+    let reclaim = |a: &Allocator, n| a.choose(0, &key(n), &mac(n), None, None, 8);
+    assert_eq!(reclaim(&a, 20), Choice::Reclaim { addr: ip(12), from: key(12) });
+    a.offer(ip(12), &key(20), &mac(20), 8);
+    assert_eq!(reclaim(&a, 21), Choice::Reclaim { addr: ip(14), from: key(14) });
+    // A REQUEST turns an offer into a lease, which is never reclaimed.
+    a.lease(ip(14), &key(14), &mac(14), None, 1000, 8);
+    assert_eq!(reclaim(&a, 21), Choice::Reclaim { addr: ip(13), from: key(13) });
+    a.lease(ip(13), &key(13), &mac(13), None, 1000, 8);
+    a.lease(ip(12), &key(20), &mac(20), None, 1000, 8);
+    assert_eq!(reclaim(&a, 21), Choice::Exhausted);
+    // The reserved address stays out of it, even while it is only offered to its host.
+    a.offer(ip(50), &key(1), &mac(1), 8);
+    assert_eq!(reclaim(&a, 21), Choice::Exhausted);
+    a.check_invariants(8).unwrap();
+}
+
+#[test]
 fn returning_client_gets_its_previous_address() {
     let mut a = Allocator::new(&config(""));
     a.lease(ip(12), &key(1 + 10), &mac(11), None, 1000, 0);

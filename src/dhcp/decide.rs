@@ -86,6 +86,12 @@ pub enum Answer {
         reply: Reply,
         refused: Refused,
     },
+    /// An OFFER of an address taken from another client's unrequested offer (the pool is
+    /// exhausted); sent at once like any OFFER, and counted and summarised in the log.
+    Reclaimed {
+        reply: Reply,
+        from: ClientKey,
+    },
     /// Ping the address, then call [`after_probe`].
     Probe(PendingOffer),
     Silent(Silence),
@@ -282,6 +288,13 @@ fn discover(
     );
     let (addr, fresh, take_over) = match choice {
         Choice::Offer { addr, fresh, take_over } => (addr, fresh, take_over),
+        // Never probed: it was checked when first offered, and nobody took it since.
+        Choice::Reclaim { addr, from } => {
+            let transitions = alloc.offer(addr, &req.client, &req.hw, now);
+            let about = about_addr(cfg, alloc, req, ing, about, addr);
+            let reply = reply_to(cfg, alloc, req, MessageType::Offer, addr, about, true);
+            return Decision { transitions, answer: Answer::Reclaimed { reply, from } };
+        }
         Choice::Exhausted => return Decision::silent(vec![], Silence::PoolExhausted),
         Choice::HeldOff { group, holder } => return Decision::silent(vec![], Silence::AliasHeldOff { group, holder }),
         Choice::ReservedUnavailable { addr } => return Decision::silent(vec![], Silence::ReservedUnavailable(addr)),

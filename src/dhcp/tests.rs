@@ -33,7 +33,7 @@ fn decoded(r: &Reply) -> Message {
 
 fn reply(o: &Decision) -> &Reply {
     match &o.answer {
-        Answer::Reply { reply, .. } | Answer::Nak { reply, .. } => reply,
+        Answer::Reply { reply, .. } | Answer::Nak { reply, .. } | Answer::Reclaimed { reply, .. } => reply,
         other => panic!("expected a reply, got {other:?}"),
     }
 }
@@ -374,6 +374,57 @@ fn exhaustion_means_no_offer() {
     }
     let o = lab.send(&Msg::new(MessageType::Discover, 20));
     assert!(matches!(o.answer, Answer::Silent(Silence::PoolExhausted)));
+}
+
+#[test]
+fn a_flood_of_discovers_cannot_keep_a_new_client_from_an_offer() {
+    let mut lab = Lab::new("");
+    lab.dora(10); // a real lease: never touched by the flood
+    // Strangers (50 of them, one DISCOVER each, a second apart) hold both other addresses in
+    // turn: each new one takes the offer made longest ago.
+    for n in 0..50u8 {
+        lab.now += 1;
+        let o = lab.send(&Msg::new(MessageType::Discover, 100 + n));
+        assert_eq!(kind(&o), MessageType::Offer, "stranger {n}");
+        if n >= 2 {
+            let Answer::Reclaimed { from, .. } = &o.answer else { panic!("expected a reclaimed offer: {o:?}") };
+            assert_eq!(from, &Msg::new(MessageType::Discover, 100 + n - 2).req().client);
+        }
+    }
+    let leased = lab.alloc.bindings().filter(|b| b.state == LeaseState::Leased).count();
+    assert_eq!(leased, 1, "the flood took a leased address");
+    // A real client then completes DORA, and a reserved host still gets its address.
+    let addr = lab.dora(20);
+    assert_eq!(lab.alloc.binding(addr).unwrap().state, LeaseState::Leased);
+    assert_eq!(lab.dora(1), Ipv4Addr::new(198, 18, 0, 50));
+    lab.alloc.check_invariants(lab.now).unwrap();
+}
+
+#[test]
+fn a_client_that_discovers_again_gets_its_earlier_offer_back() {
+    let mut lab = Lab::new("");
+    let first = reply(&lab.send(&Msg::new(MessageType::Discover, 20))).yiaddr;
+    lab.now += 1;
+    lab.send(&Msg::new(MessageType::Discover, 21));
+    lab.now += 1;
+    lab.send(&Msg::new(MessageType::Discover, 22));
+    // Client 20 retransmits: its own offer again, refreshed, so the next stranger reclaims
+    // client 21's (now the oldest) instead.
+    lab.now += 1;
+    let again = lab.send(&Msg::new(MessageType::Discover, 20));
+    assert!(matches!(again.answer, Answer::Reply { .. }), "{again:?}");
+    assert_eq!(reply(&again).yiaddr, first);
+    lab.now += 1;
+    let o = lab.send(&Msg::new(MessageType::Discover, 23));
+    let Answer::Reclaimed { from, .. } = &o.answer else { panic!("expected a reclaimed offer: {o:?}") };
+    assert_eq!(from, &Msg::new(MessageType::Discover, 21).req().client);
+    // The client whose offer was taken is refused if it asks for it now, and offered another.
+    let late = lab.send(
+        &Msg::new(MessageType::Request, 21)
+            .opt(DhcpOption::ServerIdentifier(SERVER))
+            .opt(DhcpOption::RequestedIpAddress(reply(&o).yiaddr)),
+    );
+    assert_eq!(kind(&late), MessageType::Nak);
 }
 
 #[test]

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::dhcp::{self, Answer, Decision, Ingress, PendingOffer, Reply, Request, Silence};
 use crate::events::Events;
 use crate::lease::{Binding, ClientKey, LeaseState, Transition};
+use crate::logging::Summarised;
 use crate::role::{Role, RoleRx};
 use crate::store::writer::AfterCommit;
 use crate::store::{StoreWriter, WriterEvent};
@@ -25,6 +26,56 @@ use crate::store::{StoreWriter, WriterEvent};
 pub enum Input {
     Packet { req: Box<Request>, ingress: Ingress, socket: usize },
     ProbeDone { pending: PendingOffer, socket: usize, answered: bool },
+}
+
+/// The engine's two input lanes. DISCOVERs wait in a lane of their own, and everything else
+/// (REQUESTs, RELEASEs, DECLINEs, INFORMs, probe results) goes first: a REQUEST completes a
+/// handshake an OFFER began, so under a DISCOVER flood it must not queue behind the flood
+/// (its offer would be reclaimed for the flood before it got its turn). Order within a lane,
+/// and so per client, is kept: a client sends its REQUEST only after our OFFER.
+#[derive(Clone)]
+pub struct Inbox {
+    first: mpsc::Sender<Input>,
+    discovers: mpsc::Sender<Input>,
+}
+
+impl Inbox {
+    fn lane(&self, input: &Input) -> &mpsc::Sender<Input> {
+        match input {
+            Input::Packet { req, .. } if req.kind == MessageType::Discover => &self.discovers,
+            _ => &self.first,
+        }
+    }
+
+    /// Queues `input` unless its lane is full.
+    pub fn try_send(&self, input: Input) -> Result<(), mpsc::error::TrySendError<Input>> {
+        self.lane(&input).try_send(input)
+    }
+
+    /// Queues `input`, waiting for room.
+    pub async fn send(&self, input: Input) -> Result<(), mpsc::error::SendError<Input>> {
+        self.lane(&input).send(input).await
+    }
+}
+
+/// The receiving ends of an [`Inbox`].
+struct Lanes {
+    first: mpsc::Receiver<Input>,
+    discovers: mpsc::Receiver<Input>,
+}
+
+impl Lanes {
+    /// The next input, from the first lane whenever it has one.
+    async fn next(&mut self) -> Option<Input> {
+        if let Ok(i) = self.first.try_recv() {
+            return Some(i);
+        }
+        tokio::select! {
+            biased;
+            i = self.first.recv() => i,
+            i = self.discovers.recv() => i,
+        }
+    }
 }
 
 /// Where a reply leaves: a DHCP socket (`socket::ReplySender`), or a capture in tests.
@@ -37,6 +88,9 @@ pub trait Transmit: Send + Sync {
 #[derive(Debug)]
 pub struct EngineStats {
     pub received: AtomicU64,
+    /// Broadcasts on a served interface that reached the relay socket as well (skipped there;
+    /// the socket filter keeps this near 0).
+    pub duplicates: AtomicU64,
     /// Datagrams that were not a usable DHCP request.
     pub malformed: AtomicU64,
     /// Requests by message type.
@@ -47,6 +101,8 @@ pub struct EngineStats {
     pub acks: AtomicU64,
     pub naks: AtomicU64,
     pub exhausted: AtomicU64,
+    /// OFFERs of an address taken from another client's unrequested offer (pool exhausted).
+    pub reclaimed: AtomicU64,
     pub leases: AtomicU64,
     /// Monotonic milliseconds since start when the engine loop last went round.
     pub alive_ms: AtomicU64,
@@ -57,6 +113,7 @@ impl Default for EngineStats {
         let zero = AtomicU64::default;
         EngineStats {
             received: zero(),
+            duplicates: zero(),
             malformed: zero(),
             requests: ["discover", "request", "decline", "release", "inform", "other"].map(|k| (k, zero())),
             dropped_not_active: zero(),
@@ -65,6 +122,7 @@ impl Default for EngineStats {
             acks: zero(),
             naks: zero(),
             exhausted: zero(),
+            reclaimed: zero(),
             leases: zero(),
             alive_ms: zero(),
         }
@@ -105,7 +163,7 @@ pub enum EngineCommand {
 
 /// What the rest of the daemon keeps of a spawned engine.
 pub struct EngineHandle {
-    pub inbox: mpsc::Sender<Input>,
+    pub inbox: Inbox,
     pub stats: Arc<EngineStats>,
     pub snapshot: watch::Receiver<EngineSnapshot>,
     pub commands: mpsc::Sender<EngineCommand>,
@@ -121,8 +179,8 @@ pub struct Engine {
     senders: Vec<Arc<dyn Transmit>>,
     pinger: Option<Arc<Pinger>>,
     role: RoleRx,
-    inbox: mpsc::Receiver<Input>,
-    inbox_tx: mpsc::Sender<Input>,
+    inbox: Lanes,
+    inbox_tx: Inbox,
     stats: Arc<EngineStats>,
     snapshot: watch::Sender<EngineSnapshot>,
     commands: mpsc::Receiver<EngineCommand>,
@@ -133,9 +191,45 @@ pub struct Engine {
     /// Lease sync with the partner box, when `[peer]` is configured.
     pub(super) replication: Option<Replication>,
     replication_inputs: Option<ReplicationInputs>,
+    flood_log: FloodLog,
 }
 
-/// Requests waiting for the engine; beyond this the receive tasks drop (clients retry). Kept
+/// The warnings a flood of requests repeats once per packet, each written once and then
+/// summarised per window (the status counters keep the exact numbers).
+struct FloodLog {
+    exhausted: Summarised,
+    reclaimed: Summarised,
+    nak: Summarised,
+}
+
+/// The summary window of [`FloodLog`]: at most two lines per kind per window.
+const FLOOD_LOG_WINDOW: Duration = Duration::from_secs(10);
+
+impl FloodLog {
+    fn new() -> FloodLog {
+        let w = || Summarised::new(FLOOD_LOG_WINDOW);
+        FloodLog { exhausted: w(), reclaimed: w(), nak: w() }
+    }
+
+    /// Writes the summary of every kind whose window is over.
+    fn summarise(&mut self, now: Instant) {
+        let secs = FLOOD_LOG_WINDOW.as_secs();
+        if let Some(n) = self.exhausted.summary(now) {
+            tracing::warn!(refused = n, "pool exhausted: {n} DISCOVERs refused in the last {secs} s");
+        }
+        if let Some(n) = self.reclaimed.summary(now) {
+            tracing::warn!(
+                reclaimed = n,
+                "pool full of unrequested offers: {n} offers reclaimed for new clients in the last {secs} s"
+            );
+        }
+        if let Some(n) = self.nak.summary(now) {
+            tracing::info!(naks = n, "DHCPNAK: {n} more REQUESTs refused in the last {secs} s");
+        }
+    }
+}
+
+/// Requests waiting for the engine, per lane; beyond this the receive tasks drop (clients retry). Kept
 /// short on purpose: under overload a long queue only means answering requests whose clients
 /// have given up (≈0.2 s of work at 10,000 requests/s).
 pub const INBOX: usize = 2048;
@@ -156,7 +250,9 @@ impl Engine {
         senders: Vec<Arc<dyn Transmit>>,
         role: RoleRx,
     ) -> (Engine, EngineHandle) {
-        let (inbox_tx, inbox) = mpsc::channel(INBOX);
+        let (first, first_rx) = mpsc::channel(INBOX);
+        let (discovers, discovers_rx) = mpsc::channel(INBOX);
+        let (inbox_tx, inbox) = (Inbox { first, discovers }, Lanes { first: first_rx, discovers: discovers_rx });
         let (stop_tx, stop) = oneshot::channel();
         let (commands_tx, commands) = mpsc::channel(4);
         let (snapshot, snapshot_rx) = watch::channel(EngineSnapshot::default());
@@ -180,6 +276,7 @@ impl Engine {
             ticks: 0,
             replication: None,
             replication_inputs: None,
+            flood_log: FloodLog::new(),
         };
         let handle =
             EngineHandle { inbox: inbox_tx, stats, snapshot: snapshot_rx, commands: commands_tx, stop: stop_tx };
@@ -221,7 +318,7 @@ impl Engine {
             self.stats.alive_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
             tokio::select! {
                 _ = &mut self.stop => break,
-                input = self.inbox.recv() => match input {
+                input = self.inbox.next() => match input {
                     Some(i) => self.on_input(i),
                     None => break,
                 },
@@ -298,9 +395,20 @@ impl Engine {
                 self.commit(transitions);
                 self.send_later(reply, socket, &[])();
             }
+            Answer::Reclaimed { reply, from } => {
+                self.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if self.flood_log.reclaimed.occurred(Instant::now()) {
+                    let (address, to) = (reply.yiaddr, transitions_owner(&transitions, reply.yiaddr));
+                    tracing::warn!(%address, %from, client = %to, "pool exhausted: an unrequested offer reclaimed for a new client");
+                }
+                self.commit(transitions);
+                self.send_later(reply, socket, &[])();
+            }
             Answer::Nak { reply, refused } => {
                 self.commit(transitions);
-                tracing::info!(address = %refused.addr, reason = refused.reason, "DHCPNAK");
+                if self.flood_log.nak.occurred(Instant::now()) {
+                    tracing::info!(address = %refused.addr, reason = refused.reason, "DHCPNAK");
+                }
                 self.send_later(reply, socket, &[])();
             }
             Answer::Probe(pending) => {
@@ -361,11 +469,13 @@ impl Engine {
         });
     }
 
-    fn log_silence(&self, why: Silence) {
+    fn log_silence(&mut self, why: Silence) {
         match why {
             Silence::PoolExhausted => {
                 self.stats.exhausted.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("pool exhausted: no address to offer");
+                if self.flood_log.exhausted.occurred(Instant::now()) {
+                    tracing::warn!("pool exhausted: no address to offer");
+                }
             }
             Silence::AliasHeldOff { group, holder } => {
                 tracing::info!(%group, %holder, "alias group busy; request held off");
@@ -388,6 +498,7 @@ impl Engine {
     }
 
     fn housekeeping(&mut self) {
+        self.flood_log.summarise(Instant::now());
         let now = unix_now();
         // Only the active box expires leases; a standby mirrors the active's table and would
         // otherwise race it with changes of its own.
@@ -447,6 +558,11 @@ impl std::fmt::Display for Owner<'_> {
             None => f.write_str("-"),
         }
     }
+}
+
+/// The client a change of `addr` among `transitions` gives it to (for the log).
+fn transitions_owner(transitions: &[Transition], addr: std::net::Ipv4Addr) -> Owner<'_> {
+    Owner(transitions.iter().rev().find(|t| t.new.addr == addr).and_then(|t| t.new.owner.as_ref()))
 }
 
 fn count_reply(stats: &EngineStats, kind: MessageType) {

@@ -52,6 +52,12 @@ impl Interfaces {
         self.names.iter().any(|n| index.get(n) == Some(&ifindex))
     }
 
+    /// The indexes of the served interfaces known now.
+    pub fn served_indexes(&self) -> Vec<u32> {
+        let index = self.index.read().unwrap();
+        self.names.iter().filter_map(|n| index.get(n).copied()).collect()
+    }
+
     pub fn addrs_of(&self, ifindex: u32) -> Vec<Ipv4Net> {
         self.by_index.read().unwrap().get(&ifindex).cloned().unwrap_or_default()
     }

@@ -56,6 +56,28 @@ pub fn bind(device: Option<&str>, port: u16) -> io::Result<(DhcpSocket, UdpSocke
 }
 
 impl DhcpSocket {
+    /// Has the kernel drop, before queueing, whatever arrives on the interfaces `ifindexes`
+    /// (a classic BPF socket filter on the interface index). For the relay socket: a broadcast
+    /// on a served interface is delivered to every socket bound to port 67, and the served
+    /// interface's own socket answers it; without the filter each one would be queued, read
+    /// and thrown away here too, and a broadcast flood would fill this socket's buffer and
+    /// crowd out relayed requests.
+    pub fn ignore_interfaces(&self, ifindexes: &[u32]) -> io::Result<()> {
+        let mut program = ignore_program(ifindexes);
+        let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
+        // SAFETY: SO_ATTACH_FILTER copies the program out of `fprog`, which outlives the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.io.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&raw const fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<Received> {
         let fd = self.io.as_raw_fd();
         self.io.async_io(Interest::READABLE, || recv_pktinfo(fd, buf)).await
@@ -77,6 +99,29 @@ fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
         }
     }
     Ok(Received { len: msg.bytes, src, ifindex, dst })
+}
+
+/// At most this many interfaces in one filter (a jump offset is a byte); more are left to the
+/// check in the receive task.
+const MAX_FILTERED_INTERFACES: usize = 200;
+
+/// `ld ifindex; jeq i1 → drop; ...; ret accept; drop: ret 0`.
+fn ignore_program(ifindexes: &[u32]) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS
+    const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const SKF_AD_IFINDEX: u32 = (-0x1000i32 as u32).wrapping_add(8); // SKF_AD_OFF + SKF_AD_IFINDEX
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let idx = &ifindexes[..ifindexes.len().min(MAX_FILTERED_INTERFACES)];
+    let n = idx.len();
+    let mut program = vec![op(LD_W_ABS, 0, 0, SKF_AD_IFINDEX)];
+    for (i, &ix) in idx.iter().enumerate() {
+        // From instruction 1 + i, the drop is at n + 2: jump over the rest and the accept.
+        program.push(op(JEQ_K, (n - i) as u8, 0, ix));
+    }
+    program.push(op(RET_K, 0, 0, u32::MAX));
+    program.push(op(RET_K, 0, 0, 0));
+    program
 }
 
 /// Sends replies on one socket, from whichever thread has one ready.

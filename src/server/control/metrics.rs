@@ -195,6 +195,11 @@ fn dhcp(b: &mut Builder, s: &Status) {
     b.counter("twinlease_dhcp_replies", "Replies sent by message type", &by(&d.replies, "type"));
     b.counter("twinlease_dhcp_dropped", "Requests dropped, by reason", &by(&d.dropped, "reason"));
     b.counter("twinlease_pool_exhausted", "DISCOVERs with no address to offer", &[(none(), d.pool_exhausted)]);
+    b.counter(
+        "twinlease_offers_reclaimed",
+        "OFFERs of an address taken from another client's unrequested offer",
+        &[(none(), d.offers_reclaimed)],
+    );
     b.counter("twinlease_dhcp_send_errors", "Replies the kernel refused to send", &[(none(), d.send_errors)]);
 }
 

@@ -155,6 +155,9 @@ pub struct DhcpStatus {
     /// Requests dropped, by why.
     pub dropped: BTreeMap<String, u64>,
     pub pool_exhausted: u64,
+    /// OFFERs of an address taken from another client's unrequested offer (pool exhausted).
+    #[serde(default)]
+    pub offers_reclaimed: u64,
     pub send_errors: u64,
 }
 
@@ -345,11 +348,16 @@ impl Sources {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), load(v)))
                 .collect(),
-            dropped: [("not-active", &e.dropped_not_active), ("queue-full", &e.dropped_queue_full)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), load(v)))
-                .collect(),
+            dropped: [
+                ("not-active", &e.dropped_not_active),
+                ("queue-full", &e.dropped_queue_full),
+                ("duplicate", &e.duplicates),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), load(v)))
+            .collect(),
             pool_exhausted: load(&e.exhausted),
+            offers_reclaimed: load(&e.reclaimed),
             send_errors: (self.send_errors)(),
         }
     }
