@@ -132,6 +132,7 @@ fn active() -> Status {
             replies: BTreeMap::from([("ack".to_string(), 4500), ("offer".to_string(), 4400)]),
             dropped: BTreeMap::new(),
             pool_exhausted: 0,
+            offers_reclaimed: 0,
             send_errors: 0,
         },
         events: vec![
