@@ -302,9 +302,6 @@ fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
         let (system, daemon) = boot_report(vm);
         assert!(system.contains("system=running failed=[]"), "{}: {system}\n{}", vm.name, vm.tail());
         assert!(daemon.contains("twinlease.service=active restarts=0"), "{}: {daemon}", vm.name);
-        // The console (twinlease tui on tty2) runs and has not restarted.
-        let console = vm.wait_console("twinlease-boot: twinlease-console@tty2.service=", Duration::from_secs(10));
-        assert!(console.contains("=active restarts=0"), "{}: {console}", vm.name);
     }
     let dir = tempfile::tempdir().unwrap();
     let (ip, server, _) = pair::udhcpc_bound(&p.lan, 0, dir.path(), None, 60).expect("a lease from the pair");
