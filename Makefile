@@ -29,10 +29,15 @@ demo: deps
 	$(CARGO) build --release --quiet
 	@bash scripts/demo.sh target/release/twinlease
 
-bench:
+# The shipped static binary (make static) beside the bench build and Kea, then instructions per
+# lease of the shipped binary under callgrind against bench/instructions-baseline.txt (+10 %).
+bench: static
 	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
 	$(CARGO) build --profile bench-fast --quiet
-	@setsid -w bash bench/dhcp-ladder.sh target/bench-fast/twinlease
+	@setsid -w bash bench/dhcp-ladder.sh target/bench-fast/twinlease dist/twinlease-x86_64
+	@bash bench/plot.sh ladder bench/results/bench.tsv bench/results/bench.svg "make bench: one box, side by side"
+	@echo "(aarch64: dist/twinlease-aarch64 runs here only under qemu-user emulation, whose CPU figures say nothing about an arm64 box; not benchmarked)"
+	@setsid -w bash bench/instructions.sh dist/twinlease-x86_64 bench/instructions-baseline.txt
 	@if [ "$(PAIR)" = 1 ]; then $(MAKE) --no-print-directory bench-pair; \
 	else echo "(pair mode, before-ack sync vs Kea HA: make bench-pair, or make bench PAIR=1)"; fi
 

@@ -90,7 +90,10 @@ wait_file_text() {
 }
 
 # twinlease_conf FILE NAME STATE_DIR IFACE LOG_FILTER [EXTRA_TOML]: one box's configuration.
+# Each box gets its own control socket directory (STATE_DIR-run): a second daemon refuses to
+# start on the sockets of one already answering (the pair's two boxes, a system daemon).
 twinlease_conf() {
+    mkdir -p "$3-run"
     cat > "$1" <<EOF
 [node]
 name = "$2"
@@ -104,6 +107,8 @@ pools = ["198.18.1.0-198.18.255.254"]
 lease_secs = 3600
 routers = ["$BENCH_SERVER_IP"]
 dns_servers = ["$BENCH_SERVER_IP"]
+[control]
+runtime_dir = "$3-run"
 [log]
 filter = "$5"
 ${6:-}

@@ -89,7 +89,7 @@ PARTNER=()
 
 # ---- twinlease --------------------------------------------------------------------------
 
-TL_FILTER="warn,twinlease::stats=info,twinlease::server::peer=info"
+TL_FILTER="warn,twinlease::stats=info,twinlease::server::replication=info"
 
 start_single() {
     start_twinlease_box "$BIN" "$NS_A" "$LAN_A" "$1" "$TL_FILTER"
@@ -355,3 +355,21 @@ echo "each box right after the load; Kea HA: states after the load):"
 sed 's/^/  /' "$WORK/notes"
 echo
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The table for bench/plot.sh (the serving box's CPU per lease; the partner's is in the text).
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+{
+    printf '# offered'
+    for kind in "${kinds[@]}"; do printf '\t%s_leases\t%s_drop\t%s_lat\t%s_cpu' "$kind" "$kind" "$kind" "$kind"; done
+    echo
+    for rate in $RATES; do
+        printf '%s' "$rate"
+        for kind in "${kinds[@]}"; do
+            read -r _ l d lat cpu _ <<< "${result[$kind,$rate]}"
+            printf '\t%s\t%s\t%s\t%s' "$l" "$d" "$lat" "$cpu"
+        done
+        echo
+    done
+} > "$OUT/bench-pair.tsv"
+echo "(table: $OUT/bench-pair.tsv)"

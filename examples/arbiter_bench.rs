@@ -168,6 +168,7 @@ async fn main() {
                 name: format!("b{p}-{side}"),
                 endpoint: String::new(),
                 timeout_ms: o.timeout_ms,
+                min_term: 0,
             };
             let conn = conns[(2 * p + side) % conns.len()].clone();
             tasks.push(tokio::spawn(node(conn, params, claim, offset, warm, stop, totals.clone())));

@@ -14,6 +14,7 @@ bench-pair:
 	@scripts/ensure-deps.sh scripts/apt-deps.txt scripts/apt-deps-bench.txt
 	$(CARGO) build --profile bench-fast --quiet
 	@setsid -w bash bench/pair-ladder.sh target/bench-fast/twinlease
+	@bash bench/plot.sh ladder bench/results/bench-pair.tsv bench/results/bench-pair.svg "make bench-pair: pairs side by side (serving box CPU)"
 	@if [ "$(CATCH_UP)" != 0 ]; then $(MAKE) --no-print-directory bench-catch-up; fi
 
 # The ignored benchmark test: a standby with an empty store catches up 65,536 leases.
@@ -42,3 +43,16 @@ bench-tui:
 	$(CARGO) test --profile bench-fast --quiet --test tui --no-run
 	$(CARGO) test --profile bench-fast --quiet --test tui -- --ignored --nocapture --exact \
 	    bench_console_idle_cpu 2>&1 | grep -F "TUI idle"
+
+# Scaling (bench/scale.sh): pools and stores of 254, 65,536 and 1,048,576 leases (SIZES="…"):
+# start-up to READY, RSS, reaper CPU per expired lease, `leases --json` time, for the shipped
+# binary; then the pair's full catch-up of 65,536 leases (CATCH_UP=0 skips it); SVG plot.
+.PHONY: bench-scale bench-instructions
+bench-scale: $(DIST)/twinlease-x86_64
+	@setsid -w bash bench/scale.sh $(DIST)/twinlease-x86_64
+	@bash bench/plot.sh scale bench/results/scale.tsv bench/results/scale.svg
+	@if [ "$(CATCH_UP)" != 0 ]; then $(MAKE) --no-print-directory bench-catch-up; fi
+
+# Instructions per lease of the shipped binary alone (UPDATE_BASELINE=1 stores the figure).
+bench-instructions: $(DIST)/twinlease-x86_64
+	@setsid -w bash bench/instructions.sh $(DIST)/twinlease-x86_64 bench/instructions-baseline.txt

@@ -8,6 +8,9 @@
 # 3. each partition from that tree: squashfs (root-a), ext4 -d (data; empty root-b),
 #    FAT via mtools (ESP with systemd-boot, kernel, initrd, loader entries);
 # 4. the GPT disk (sfdisk) with the partitions written in at their offsets (dd).
+# VERSION (default: Cargo's version +g<commit>) goes into the root as /usr/lib/twinlease/release
+# and beside slot A's kernel; BUNDLE_PUBKEY is the public key update bundles must be signed with
+# (README "Updating"). scripts/build-bundle.sh reuses this build's root tree, kernel and initrd.
 set -euo pipefail
 arch="${1:?usage: build-image.sh ARCH BIN OUT.img}"
 bin="${2:?binary}"
@@ -19,11 +22,15 @@ suite="${SUITE:-bookworm}"
 mirror="${MIRROR:-http://deb.debian.org/debian}"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}"
 
-# Partition sizes (MiB). The root slots hold the squashfs; the budget is the slot size.
+version="${VERSION:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)+g$(git -C "$repo" rev-parse --short HEAD)}"
+pubkey="${BUNDLE_PUBKEY:?BUNDLE_PUBKEY: the public key (PEM) update bundles are checked against}"
+
+# Partition sizes (MiB). The root slots hold the squashfs; the budget is the slot size. The ESP
+# holds both slots' kernel and initrd: arm64 kernels are uncompressed (~32 MiB each, below).
 ESP_MIB=64 ROOT_MIB=160 DATA_MIB=256
 case "$arch" in
     x86_64)  debarch=amd64 efi=x64 console=ttyS0 ;;
-    aarch64) debarch=arm64 efi=aa64 console=ttyAMA0 ;;
+    aarch64) debarch=arm64 efi=aa64 console=ttyAMA0 ESP_MIB=128 ;;
     *) echo "unknown ARCH $arch (x86_64 or aarch64)"; exit 1 ;;
 esac
 step() { printf '%s [%4ss] %s\n' "$(date +%T)" "$SECONDS" "$*"; }
@@ -77,6 +84,10 @@ for unit in systemd-firstboot.service apt-daily.timer apt-daily-upgrade.timer dp
     ln -sfn /dev/null "$root/etc/systemd/system/$unit"
 done
 touch "$root/etc/.updated" "$root/var/.updated"
+# Updates (README "Updating"): the bundle key, boot assessment and the admin's update socket.
+install -D -m 0644 "$pubkey" "$root/usr/share/twinlease/bundle-key.pem"
+systemctl --root="$root" enable twinlease-update-health.service twinlease-update-bless.service \
+    twinlease-update.socket >/dev/null 2>&1
 
 kver="$(ls "$root/lib/modules" | sort -V | tail -1)"
 # /var lives on the data partition: its first contents are the bootstrap's /var.
@@ -90,8 +101,12 @@ mkdir -p "$vardir/log/journal" "$root/efi"
 parts="$build/parts"
 rm -rf "$parts" && mkdir -p "$parts"
 step "root-a: squashfs"
-mksquashfs "$root" "$parts/root-a.sqfs" -comp zstd -Xcompression-level 6 -noappend -quiet -e boot \
-    -mkfs-time "$SOURCE_DATE_EPOCH" -all-time "$SOURCE_DATE_EPOCH" >/dev/null
+# The release file is a pseudo file (mksquashfs -p): a bundle re-squashes the same tree with
+# its own version (scripts/build-bundle.sh). Time stamps come from SOURCE_DATE_EPOCH (mksquashfs
+# refuses -mkfs-time/-all-time beside it); -e takes every argument after it, so it comes last.
+echo "$version" > "$build/version"
+mksquashfs "$root" "$parts/root-a.sqfs" -comp zstd -Xcompression-level 6 -noappend -quiet \
+    -p "usr/lib/twinlease/release f 444 0 0 echo $version" -e boot >/dev/null
 root_bytes=$(stat -c %s "$parts/root-a.sqfs")
 if ((root_bytes > ROOT_MIB * 1024 * 1024)); then
     echo "root file system is $((root_bytes / 1024 / 1024)) MiB, over the ${ROOT_MIB} MiB slot"; exit 1
@@ -116,14 +131,18 @@ if [[ "$(head -c2 "$build/vmlinuz" | od -An -tx1 | tr -d ' ')" == 1f8b ]]; then
 fi
 loader="$build/loader"
 rm -rf "$loader" && mkdir -p "$loader/entries"
-printf 'default twinlease-a.conf\ntimeout 0\neditor no\n' > "$loader/loader.conf"
-printf 'title twinlease (slot A)\nlinux /slot-a/vmlinuz\ninitrd /slot-a/initrd.img\noptions %s\n' "$cmdline" \
-    > "$loader/entries/twinlease-a.conf"
+# No default: systemd-boot starts the first entry in its order, the newest generation that is
+# good or has tries left (src/update/slots.rs); the factory slot is generation 1.
+printf 'timeout 0\neditor no\n' > "$loader/loader.conf"
+printf 'title twinlease %s (slot a)\nversion %s\nlinux /slot-a/vmlinuz\ninitrd /slot-a/initrd.img\noptions %s\n' \
+    "$version" "$version" "$cmdline" > "$loader/entries/twinlease-1-a.conf"
+printf 'arch %s\nversion %s\n' "$arch" "$version" > "$loader/manifest"
 export MTOOLS_SKIP_CHECK=1
 mmd -i "$esp" ::/EFI ::/EFI/BOOT ::/loader ::/loader/entries ::/slot-a ::/twinlease
 mcopy -i "$esp" "$root/usr/lib/systemd/boot/efi/systemd-boot$efi.efi" "::/EFI/BOOT/BOOT${efi^^}.EFI"
 mcopy -i "$esp" "$loader/loader.conf" ::/loader/
-mcopy -i "$esp" "$loader/entries/twinlease-a.conf" ::/loader/entries/
+mcopy -i "$esp" "$loader/entries/twinlease-1-a.conf" ::/loader/entries/
+mcopy -i "$esp" "$loader/manifest" ::/slot-a/
 mcopy -i "$esp" "$build/vmlinuz" "$build/initrd.img" ::/slot-a/
 printf 'Site configuration for this box: see "Flashing a box" in the twinlease README.\n' > "$build/README.txt"
 mcopy -i "$esp" "$build/README.txt" ::/twinlease/
@@ -157,8 +176,9 @@ zstd -q -f -T0 -12 "$out" -o "$out.zst"
     echo "image $(basename "$out"): $(du -m --apparent-size "$out" | cut -f1) MiB raw, $(( $(stat -c %s "$out.zst") / 1024 / 1024 )) MiB as .zst ($(stat -c %s "$out.zst") bytes)"
     echo "esp     ${ESP_MIB} MiB  kernel $(( $(stat -c %s "$build/vmlinuz") / 1024 )) KiB, initrd $(( $(stat -c %s "$build/initrd.img") / 1024 )) KiB"
     echo "root-a  ${ROOT_MIB} MiB  squashfs $((root_bytes / 1024 / 1024)) MiB ($root_bytes bytes; budget ${ROOT_MIB} MiB)"
-    echo "root-b  ${ROOT_MIB} MiB  empty ext4 (for updates)"
+    echo "root-b  ${ROOT_MIB} MiB  empty ext4 (the slot updates write: make bundle)"
     echo "data    ${DATA_MIB} MiB  ext4: /var (journal, leases, site configuration, ssh host keys)"
     echo "kernel  $kver"
+    echo "version $version"
 } | tee "$out.sizes"
 step "done"

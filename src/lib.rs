@@ -26,3 +26,4 @@ pub mod sync;
 #[cfg(test)]
 mod testkit;
 pub mod tui;
+pub mod update;

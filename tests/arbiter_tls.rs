@@ -155,6 +155,7 @@ async fn mariadb_with_tls_require_verifies_and_encrypts() {
         name: "a".into(),
         endpoint: "e".into(),
         timeout_ms: 5000,
+        min_term: 0,
     };
     assert!(matches!(b.heartbeat(&claim).await.unwrap(), Beat::Applied { term: 1, .. }));
     assert_eq!(b.read(&a.utype).await.unwrap().unwrap().uuid, claim.uuid);

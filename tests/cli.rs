@@ -135,3 +135,58 @@ fn leases_piped_into_head_ends_quietly() {
     assert!(stdout.contains("status=141") || stdout.contains("status=0"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `leases --json` writes its array row by row: the same text as a pretty-printed array, in
+/// address order, free addresses only with `--all`, and `[]` for an empty table.
+#[test]
+fn leases_json_is_one_array_of_the_stored_leases() {
+    use twinlease::lease::{Binding, ClientKey, LeaseState, Transition};
+    use twinlease::store::LeaseStore;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        common::config_text(
+            dir.path(),
+            "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n",
+        ),
+    )
+    .unwrap();
+    let (mut store, _) = LeaseStore::open(&dir.path().join("state").join("leases.db"), 0).unwrap();
+    let json = |extra: &[&str]| {
+        let out = Command::new(BIN).args(["leases", "--json", "--config"]).arg(&cfg).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+        // Laid out as serde_json pretty-prints the whole array (scripts grep `"address": "…"`).
+        assert_eq!(String::from_utf8_lossy(&out.stdout), serde_json::to_string_pretty(&v).unwrap() + "\n");
+        v
+    };
+    assert_eq!(json(&[]), serde_json::json!([]));
+    let binding = |last: u8, state| {
+        let mac = [2, 0, 0, 0, 0, last];
+        Transition {
+            expect_version: 0,
+            expect_owner: None,
+            new: Binding {
+                addr: [198, 18, 0, last].into(),
+                state,
+                owner: Some(ClientKey::from_hw(1, &mac)),
+                expires: 4_000_000_000,
+                cltt: 1,
+                version: 1,
+                term: 1,
+                seq: 1,
+                hw: mac.to_vec(),
+                hostname: None,
+            },
+        }
+    };
+    let ts = [binding(12, LeaseState::Leased), binding(11, LeaseState::Free), binding(10, LeaseState::Leased)];
+    store.commit(&ts.iter().collect::<Vec<_>>()).unwrap();
+    drop(store);
+    let addrs = |v: serde_json::Value| -> Vec<String> {
+        v.as_array().unwrap().iter().map(|l| l["address"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(addrs(json(&[])), ["198.18.0.10", "198.18.0.12"]);
+    assert_eq!(addrs(json(&["--all"])), ["198.18.0.10", "198.18.0.11", "198.18.0.12"]);
+}

@@ -113,6 +113,57 @@ fn malformed_and_oversized_requests_get_an_error_and_the_box_keeps_going() {
     assert!(answer.contains("longer than"), "{answer}");
     assert_eq!(srv.status().summary, "serving all clients", "still answering");
     assert!(srv.child.id() > 0 && srv.log_text().contains("status and control sockets open"));
+    let log = srv.log_text();
+    assert!(log.contains("request refused: malformed request") && log.contains("socket=\"status\""), "{log}");
+    assert!(log.contains("request refused: longer than 65536 bytes"), "{log}");
+}
+
+/// Slow and stuck clients: one sending its request a byte at a time is answered; 300 that
+/// connect and send nothing take every slot, so the next client is told the box is busy (at
+/// once, not left hanging) and the log says so, while DHCP goes on serving; once they go,
+/// status answers again.
+#[test]
+fn slow_and_stuck_status_clients_cost_only_their_own_slots() {
+    let mut lan = Lan::new("198.18.0.1/24");
+    lan.add_client();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&lan.ns, dir.path(), &lan_config(&lan, dir.path(), ""));
+    let socket = srv.runtime_dir.join("status.sock");
+
+    let mut slow = UnixStream::connect(&socket).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for b in b"{\"command\": \"list-commands\"}\n" {
+        slow.write_all(&[*b]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut line = String::new();
+    BufReader::new(&slow).read_line(&mut line).unwrap();
+    assert!(line.contains("\"result\":0"), "{line}");
+    drop(slow);
+
+    let stuck: Vec<UnixStream> = (0..300).map(|_| UnixStream::connect(&socket).unwrap()).collect();
+    let started = Instant::now();
+    let answer = wait_for("a busy answer", Duration::from_secs(10), || {
+        let s = UnixStream::connect(&socket).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).ok()?;
+        line.contains("busy").then_some(line)
+    });
+    assert!(started.elapsed() < Duration::from_secs(5), "busy answer took {:?}: {answer}", started.elapsed());
+    let (cns, ciface) = lan.client(0);
+    let (out, ev) = udhcpc_once(cns, ciface, dir.path(), &[]);
+    assert!(out.status.success(), "no lease while the status socket is full: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(events(&ev).last().unwrap().reason, "bound");
+    assert!(srv.log_text().contains("client refused: 256 clients are connected"), "{}", srv.log_text());
+    drop(stuck);
+    wait_for("status to answer again", Duration::from_secs(10), || {
+        let r = twinlease::server::control::client::ask(
+            &socket,
+            &twinlease::server::control::protocol::Request::new("status-get", serde_json::Map::new()),
+        );
+        r.ok().filter(|r| r.result == 0)
+    });
 }
 
 #[test]

@@ -11,7 +11,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::arbiter::*;
 use common::*;
@@ -323,4 +323,59 @@ fn two_processes_sharing_a_sqlite_arbiter_fail_over() {
     let who = nodes[a].cli(&["whois"]);
     assert!(who.contains(&format!("primary {}", nodes[b].name)), "{who}");
     assert_no_overlap(&nodes);
+}
+
+/// The uuid in a node's log line "election started".
+fn uuid_of(node: &Node) -> String {
+    let log = node.log();
+    let line = log.lines().find(|l| l.contains("election started")).expect("an election started line");
+    line.split("uuid=").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// An arbiter answering nonsense: the row rewritten with a uuid that is no uuid, then with the
+/// standby's uuid (as a confused or tampered arbiter would). Each time the active says so in
+/// its log and stops, never two boxes are active at once, and one box serves again without a
+/// restart.
+#[test]
+fn an_arbiter_row_rewritten_with_nonsense_or_the_other_box_s_uuid_keeps_one_active() {
+    let (arb, nodes, a) = start_pair();
+    let b = 1 - a;
+    arb.psql("UPDATE twinlease_heartbeat SET uuid = 'not-a-uuid at all', term = term + 1;");
+    wait_for("the active to stop on the nonsense row", Duration::from_millis(T_MS() + 3000), || {
+        (!nodes[a].logged_active()).then_some(())
+    });
+    assert!(
+        nodes[a].log().contains("reason=the arbiter rejected our heartbeat"),
+        "no clear log line:\n{}",
+        nodes[a].log()
+    );
+    // The nonsense row expires after T like any other; a box takes it over.
+    let limit = Instant::now() + Duration::from_millis(2 * T_MS() + 5000);
+    let next = loop {
+        if let Some(i) = nodes.iter().position(Node::logged_active) {
+            break i;
+        }
+        assert!(Instant::now() < limit, "no box took the nonsense row over:\n{}", logs(&nodes));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_no_overlap(&nodes);
+
+    let other = &nodes[1 - next];
+    let before = nodes[next].log().len();
+    arb.psql(&format!("UPDATE twinlease_heartbeat SET uuid = '{}', name = '{}';", uuid_of(other), other.name));
+    // The box the row now names never wrote it, so it lets the row expire rather than serve
+    // beside the real holder; once it has, either box may take it over, and only one does.
+    wait_for(
+        "the row's holder to stand down and one box to take the expired row",
+        Duration::from_millis(2 * T_MS() + 5000),
+        || {
+            let stood_down = nodes[next].log()[before..].contains("role=\"standby\"");
+            (stood_down && other.log().contains("a row it never wrote") && nodes.iter().any(Node::logged_active))
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(3 * I_MS()));
+    assert_eq!(nodes.iter().filter(|n| n.logged_active()).count(), 1, "{}", logs(&nodes));
+    assert_no_overlap(&nodes);
+    let _ = b;
 }

@@ -61,19 +61,6 @@ fn mutated_discover(rng: &mut Rng) -> Vec<u8> {
     bytes
 }
 
-/// A client-port socket on `ns`'s `iface` that may broadcast.
-fn client_socket(ns: &Netns, iface: &str) -> UdpSocket {
-    let iface = iface.to_string();
-    ns.within(move || {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
-        s.set_reuse_address(true).unwrap();
-        s.set_broadcast(true).unwrap();
-        s.bind_device(Some(iface.as_bytes())).unwrap();
-        s.bind(&SocketAddr::from(([0, 0, 0, 0], 68)).into()).unwrap();
-        UdpSocket::from(s)
-    })
-}
-
 /// Floods from `sock` at about `rate` datagrams a second until `stop` is set (and at least
 /// `min` are sent, at most `max`), counting them in `sent`.
 fn flood(sock: UdpSocket, rate: u64, min: u64, max: u64, stop: &AtomicBool, sent: &AtomicU64) {
@@ -129,7 +116,7 @@ fn a_discover_flood_starves_no_real_client_and_writes_a_short_log() {
     let log_mark = srv.log_text().lines().count();
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let (ans, aif) = lan.client(attacker);
-    let sock = client_socket(ans, aif);
+    let sock = client::client_socket(ans, aif);
     let flooding = {
         let (stop, sent) = (stop.clone(), sent.clone());
         std::thread::spawn(move || flood(sock, 1000, 6000, 60_000, &stop, &sent))

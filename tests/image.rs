@@ -3,8 +3,9 @@
 //! real DHCP clients on that LAN. `make test-image` (in `make test`) builds the image, sets
 //! TWINLEASE_IMAGE and runs the pair and two bad-site boxes, started the way systemd-boot starts
 //! them (kernel, initrd and options from the ESP); `make test-image-full` adds one box booted
-//! through OVMF and systemd-boot and two more bad sites. A plain `cargo test` has no image and
-//! skips them all.
+//! through OVMF and systemd-boot and two more bad sites. `make test-image-aarch64` runs the UEFI
+//! box on the aarch64 image (qemu-system-aarch64, AAVMF): the VMs follow the image's architecture
+//! (`Arch`, from its file name). A plain `cargo test` has no image and skips them all.
 
 mod common;
 
@@ -15,61 +16,27 @@ use common::*;
 
 const BOOT_LIMIT: Duration = Duration::from_secs(600);
 
-const ONE_BOX: &str = r#"[node]
-name = "branch-vm"
-
-[dhcp]
-interfaces = ["eth0"]
-
-[[subnet]]
-cidr = "198.18.0.0/24"
-pools = ["198.18.0.100-198.18.0.199"]
-routers = ["198.18.0.1"]
-dns_servers = ["198.18.0.1"]
-"#;
-
-fn one_box_site() -> SiteDir {
-    SiteDir::new().file("twinlease.toml", ONE_BOX).network("lan", "eth0", "198.18.0.1/24", "")
+/// The boot report the image prints once boot has finished (twinlease-boot-report.service):
+/// the system state, the daemon's and the console's (twinlease tui on tty2) lines.
+struct BootReport {
+    system: String,
+    daemon: String,
+    console: String,
 }
 
-/// A LAN (switch namespace) with one client host, and the namespace the box's QEMU runs in: its
-/// tap device bridged with a cable into the LAN switch.
-struct OneBoxLan {
-    lan: Switch,
-    host: Netns,
-    tap: String,
-}
-
-fn one_box_lan() -> OneBoxLan {
-    let mut lan = Switch::new("l");
-    lan.add_client();
-    let host = Netns::new("v");
-    let (br, tap) = (unique("bv"), unique("tv"));
-    bridge(&host, &br);
-    let (inner, outer) = (unique("iv"), unique("ov"));
-    lan.plug(&host, &inner, &outer);
-    host.ip(&format!("link set {inner} master {br} up"));
-    tap_on_bridge(&host, &tap, &br);
-    OneBoxLan { lan, host, tap }
-}
-
-/// Runs udhcpc on client `n` of `lan` until it gets a lease; returns the address.
-fn lease_within(lan: &Switch, n: usize, dir: &std::path::Path, limit: Duration) -> String {
-    let (ns, iface) = lan.client(n);
-    wait_for("a lease from the booted box", limit, || {
-        let (out, event_file) = udhcpc_once(ns, iface, dir, &[]);
-        if !out.status.success() {
-            return None;
-        }
-        events(&event_file).into_iter().find(|e| e.reason == "bound").map(|e| e.ip)
-    })
-}
-
-/// The boot report the image prints once boot has finished (twinlease-boot-report.service).
-fn boot_report(vm: &mut Vm) -> (String, String) {
+fn boot_report(vm: &mut Vm) -> BootReport {
     let system = vm.wait_console("twinlease-boot: system=", BOOT_LIMIT);
     let daemon = vm.wait_console("twinlease-boot: twinlease.service=", Duration::from_secs(10));
-    (system, daemon)
+    let console = vm.wait_console("twinlease-boot: twinlease-console@tty2.service=", Duration::from_secs(30));
+    BootReport { system, daemon, console }
+}
+
+/// The console of a provisioned box: `twinlease tui` running on tty2 (its standard input),
+/// started once and never restarted.
+fn assert_console_runs_on_tty2(name: &str, report: &BootReport) {
+    let console = &report.console;
+    assert!(console.contains("=active restarts=0 tty=/dev/tty2 "), "{name}: {console}");
+    assert!(console.contains("cmd=\"/usr/bin/twinlease tui --read-only "), "{name}: {console}");
 }
 
 /// A peer section for `ONE_BOX` pointing the key at `key_file`.
@@ -132,7 +99,7 @@ fn refused_in_pairs(cases: Vec<(&str, Option<SiteDir>, &str)>) {
 /// Checks the console of a box booted with a bad or no site: the provisioning verdict names
 /// `names`, the daemon never started.
 fn refused_as_expected(case: &str, names: &str, vm: &mut Vm) {
-    let (system, daemon) = boot_report(vm);
+    let BootReport { system, daemon, console: tui } = boot_report(vm);
     let console = vm.console_text();
     let verdict: Vec<&str> =
         console.lines().filter(|l| l.contains("twinlease: ") || l.contains("twinlease:   ")).collect();
@@ -145,6 +112,8 @@ fn refused_as_expected(case: &str, names: &str, vm: &mut Vm) {
     }
     // Never started, so never restarted: the message stays the last word on the console.
     assert!(daemon.contains("twinlease.service=inactive restarts=0"), "{case}: {daemon}");
+    // The console on tty2 waits for a valid site too: not started, so not in a restart loop.
+    assert!(tui.contains("twinlease-console@tty2.service=inactive restarts=0"), "{case}: {tui}");
     eprintln!("{case}: {}", verdict.join(" / "));
 }
 
@@ -299,9 +268,12 @@ fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
     // Both boxes up, with the partner reachable: the ACK below then waits for the partner's copy.
     for vm in vms.iter_mut() {
         vm.wait_console("partner reachable", BOOT_LIMIT);
-        let (system, daemon) = boot_report(vm);
+        let report = boot_report(vm);
+        let BootReport { system, daemon, .. } = &report;
         assert!(system.contains("system=running failed=[]"), "{}: {system}\n{}", vm.name, vm.tail());
         assert!(daemon.contains("twinlease.service=active restarts=0"), "{}: {daemon}", vm.name);
+        assert_console_runs_on_tty2(&vm.name, &report);
+        eprintln!("{}: {}", vm.name, report.console);
     }
     let dir = tempfile::tempdir().unwrap();
     let (ip, server, _) = pair::udhcpc_bound(&p.lan, 0, dir.path(), None, 60).expect("a lease from the pair");
@@ -347,12 +319,14 @@ fn boot_through_uefi_and_systemd_boot() {
     let ip = lease_within(&net.lan, 0, dir.path(), BOOT_LIMIT);
     let serving = vm.started.elapsed();
     assert!(ip.starts_with("198.18.0."), "lease {ip} outside the pool");
-    let (system, daemon) = boot_report(&mut vm);
+    let report = boot_report(&mut vm);
+    let BootReport { system, daemon, .. } = &report;
     assert!(system.contains("system=running failed=[]"), "{system}\n{}", vm.tail());
     assert!(daemon.contains("twinlease.service=active"), "{daemon}");
+    assert_console_runs_on_tty2(&vm.name, &report);
     // OVMF ran systemd-boot from the ESP, which started slot A's kernel (and says so in an EFI
     // variable the boot report reads).
     let loader = vm.wait_console("twinlease-boot: loader=", Duration::from_secs(10));
     assert!(loader.contains("loader=systemd-boot"), "{loader}");
-    eprintln!("UEFI boot to first lease: {:.1} s; {system}", serving.as_secs_f64());
+    eprintln!("{:?}: UEFI boot to first lease: {:.1} s; {system}", Arch::of(&image()), serving.as_secs_f64());
 }

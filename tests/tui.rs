@@ -168,6 +168,19 @@ fn the_console_unit_command_runs_unprivileged_on_a_linux_console() {
     // system; here: directories it does not own).
     sh(&format!("chmod -R a+rX,go-w {0} && chmod 0755 {0}", dir.path().display()));
 
+    // `twinlease leases` for the same user reads the stopped store too.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", BIN, "leases", "--json", "--config"])
+        .arg(&srv.config)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.contains("\"leased\""),
+        "leases as nobody:\n{listed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let unit = console_unit_command(&srv.config);
     assert!(unit.contains(&"--read-only".to_string()), "the VT console is read-only: {unit:?}");
     let mut argv = vec!["env", "TERM=linux", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"];

@@ -61,11 +61,13 @@ impl Allocator {
         let network = self.subnet_network[subnet];
         let dynamic_here = |a: &Ipv4Addr| {
             self.slots.get(a).is_some_and(|s| {
-                s.network == network && s.reserved.is_none() && s.pool.is_some_and(|p| self.pools[p].admits(classes))
+                s.network() == network
+                    && s.reserved.is_none()
+                    && s.pool().is_some_and(|p| self.pools[p].admits(classes))
             })
         };
 
-        if let Some(addr) = self.by_client.get(&(network, client.clone())).copied().filter(dynamic_here) {
+        if let Some(addr) = self.by_client.get(&self.slots, network, client).filter(dynamic_here) {
             let b = &self.slots[&addr].b;
             if b.is_owned_by(client) && b.state != LeaseState::Declined {
                 // Current binding (busy) or previous binding (free, still marked as its own).

@@ -20,17 +20,19 @@
 //! fails the driver rebuilds it from the store.
 
 mod choose;
+mod clients;
 mod reaper;
 mod replica;
+mod slots;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
-use rustc_hash::FxHashMap;
-
 pub use choose::Choice;
+use clients::ClientIndex;
+use slots::SlotTable;
 
 use crate::config::{AliasBusyPolicy, ClassSet, Config, NetworkId, PoolId, SubnetId};
 use crate::lease::{Binding, ClientKey, LeaseState, Transition, UnixSecs};
@@ -65,21 +67,60 @@ struct Reserved {
     policy: AliasBusyPolicy,
 }
 
+/// One address. Ids are stored as `u32` (configurations are far smaller) and the offer's time
+/// is the binding's `cltt`: a slot is the bulk of the daemon's memory per address (see
+/// `slots.rs`), so its fields are kept narrow.
 #[derive(Debug, Clone)]
 struct Slot {
     b: Binding,
-    subnet: SubnetId,
+    subnet: u32,
     /// The network (shared or a lone subnet) of `subnet`: a client holds one address per network.
-    network: NetworkId,
+    network: u32,
     /// The pool whose range holds the address (for its queue, its classes and its options).
-    pool: Option<PoolId>,
+    pool: Option<u32>,
     /// Index into `reservations` if this address is reserved (never in the dynamic queue).
-    reserved: Option<usize>,
+    reserved: Option<u32>,
     /// The version of this binding the partner is known to hold (synced iff equal to
     /// `b.version`); mirrors the store's `peer_synced_version`.
     synced: u64,
+    /// While offered: its order among the offers of its second (see `offer_key`).
+    offer_order: u64,
+}
+
+impl Slot {
+    fn new(b: Binding, subnet: SubnetId, network: NetworkId, pool: Option<PoolId>, reserved: Option<usize>) -> Slot {
+        let narrow = |i: usize| u32::try_from(i).expect("configuration ids fit in 32 bits");
+        Slot {
+            b,
+            subnet: narrow(subnet),
+            network: narrow(network),
+            pool: pool.map(narrow),
+            reserved: reserved.map(narrow),
+            synced: 0,
+            offer_order: 0,
+        }
+    }
+
+    fn subnet(&self) -> SubnetId {
+        self.subnet as usize
+    }
+
+    fn network(&self) -> NetworkId {
+        self.network as usize
+    }
+
+    fn pool(&self) -> Option<PoolId> {
+        self.pool.map(|p| p as usize)
+    }
+
+    fn reserved(&self) -> Option<usize> {
+        self.reserved.map(|r| r as usize)
+    }
+
     /// While offered: its key in the offer index (time offered, then order within the second).
-    offer_key: (UnixSecs, u64),
+    fn offer_key(&self) -> (UnixSecs, u64) {
+        (self.b.cltt, self.offer_order)
+    }
 }
 
 /// Why a transition could not be applied.
@@ -96,9 +137,8 @@ pub enum AllocError {
 #[derive(Debug, Clone)]
 pub struct Allocator {
     policy: Policy,
-    /// Keyed by configured addresses only (never by what clients send), so a fast
-    /// non-randomised hash is safe here.
-    slots: FxHashMap<Ipv4Addr, Slot>,
+    /// Every configured address (pools and reservations).
+    slots: SlotTable,
     /// Number of addresses in each state, kept by `install`.
     /// Addresses per lease state (by [`LeaseState::code`]), per subnet.
     state_counts: Vec<[usize; 5]>,
@@ -120,7 +160,7 @@ pub struct Allocator {
     offers_made: u64,
     /// The client's latest address in a network (current or previous binding); validated
     /// against the slot's owner on use, so a stale entry is harmless.
-    by_client: HashMap<(NetworkId, ClientKey), Ipv4Addr>,
+    by_client: ClientIndex,
     reservations: Vec<Reserved>,
     by_mac: HashMap<[u8; 6], usize>,
     by_client_id: HashMap<Box<[u8]>, usize>,
@@ -167,7 +207,7 @@ impl Allocator {
     pub fn new(config: &Config) -> Allocator {
         let mut a = Allocator {
             policy: Policy::from_config(config),
-            slots: FxHashMap::default(),
+            slots: SlotTable::default(),
             state_counts: vec![[0; 5]; config.subnets.len()],
             free: vec![BTreeSet::new(); config.pools.len()],
             pools: config.pools.iter().map(|p| PoolRule { allow: p.allow, deny: p.deny }).collect(),
@@ -176,7 +216,7 @@ impl Allocator {
             busy: BTreeSet::new(),
             offered: vec![BTreeMap::new(); config.pools.len()],
             offers_made: 0,
-            by_client: HashMap::new(),
+            by_client: ClientIndex::default(),
             reservations: Vec::new(),
             by_mac: HashMap::new(),
             by_client_id: HashMap::new(),
@@ -184,6 +224,8 @@ impl Allocator {
             repair_cursor: vec![None; config.pools.len()],
             declines: HashMap::new(),
         };
+        let mut slots = Vec::new();
+        let mut reserved = std::collections::HashSet::new();
         for (i, r) in config.reservations.iter().enumerate() {
             a.reservations.push(Reserved { name: r.name.clone(), ip: r.ip, subnet: r.subnet, policy: r.on_alias_busy });
             for mac in &r.hw {
@@ -194,53 +236,35 @@ impl Allocator {
             }
             let pool = config.subnets[r.subnet].pools.iter().copied().find(|p| config.pools[*p].addrs.contains(r.ip));
             let network = config.subnets[r.subnet].network;
-            a.slots.insert(
-                r.ip,
-                Slot {
-                    b: Binding::fresh(r.ip),
-                    subnet: r.subnet,
-                    network,
-                    pool,
-                    reserved: Some(i),
-                    synced: 0,
-                    offer_key: (0, 0),
-                },
-            );
+            reserved.insert(r.ip);
+            slots.push(Slot::new(Binding::fresh(r.ip), r.subnet, network, pool, Some(i)));
             a.state_counts[r.subnet][0] += 1;
         }
         for pool in &config.pools {
             let network = config.subnets[pool.subnet].network;
             for addr in pool.addrs.iter() {
-                if a.slots.contains_key(&addr) {
+                if reserved.contains(&addr) {
                     continue; // reserved: never handed out dynamically
                 }
-                let slot = Slot {
-                    b: Binding::fresh(addr),
-                    subnet: pool.subnet,
-                    network,
-                    pool: Some(pool.id),
-                    reserved: None,
-                    synced: 0,
-                    offer_key: (0, 0),
-                };
-                a.slots.insert(addr, slot);
+                slots.push(Slot::new(Binding::fresh(addr), pool.subnet, network, Some(pool.id), None));
                 a.free[pool.id].insert((0, addr));
                 a.state_counts[pool.subnet][0] += 1;
             }
         }
+        a.slots = SlotTable::new(slots);
         a
     }
 
     /// The pool whose range holds `addr`.
     pub fn pool_of(&self, addr: Ipv4Addr) -> Option<PoolId> {
-        self.slots.get(&addr)?.pool
+        self.slots.get(&addr)?.pool()
     }
 
     /// Whether a client in `classes` may hold `addr`: reserved addresses go by the
     /// reservation; dynamic ones by their pool's classes.
     pub fn pool_admits(&self, addr: Ipv4Addr, classes: ClassSet) -> bool {
         match self.slots.get(&addr) {
-            Some(s) if s.reserved.is_none() => s.pool.is_none_or(|p| self.pools[p].admits(classes)),
+            Some(s) if s.reserved.is_none() => s.pool().is_none_or(|p| self.pools[p].admits(classes)),
             _ => true,
         }
     }
@@ -268,12 +292,12 @@ impl Allocator {
     }
 
     pub fn subnet_of(&self, addr: Ipv4Addr) -> Option<SubnetId> {
-        self.slots.get(&addr).map(|s| s.subnet)
+        self.slots.get(&addr).map(Slot::subnet)
     }
 
     /// Name of the reservation `addr` belongs to, if any.
     pub fn reservation_of(&self, addr: Ipv4Addr) -> Option<&str> {
-        self.slots.get(&addr)?.reserved.map(|i| self.reservations[i].name.as_str())
+        self.slots.get(&addr)?.reserved().map(|i| self.reservations[i].name.as_str())
     }
 
     /// The reservation this client belongs to (by client id, then hardware address).
@@ -299,7 +323,7 @@ impl Allocator {
 
     /// Is `addr` reserved for a group this client is not in?
     fn reserved_for_other(&self, addr: Ipv4Addr, hw: &[u8], client_id: Option<&[u8]>) -> bool {
-        match self.slots.get(&addr).and_then(|s| s.reserved) {
+        match self.slots.get(&addr).and_then(Slot::reserved) {
             Some(r) => self.reservation_for(hw, client_id) != Some(r),
             None => false,
         }
@@ -307,8 +331,8 @@ impl Allocator {
 
     /// The client's busy binding in the network of `subnet`, if it has one.
     pub fn current(&self, subnet: SubnetId, client: &ClientKey) -> Option<&Binding> {
-        let addr = self.by_client.get(&(self.subnet_network[subnet], client.clone()))?;
-        let b = &self.slots.get(addr)?.b;
+        let addr = self.by_client.get(&self.slots, self.subnet_network[subnet], client)?;
+        let b = &self.slots.get(&addr)?.b;
         (b.state.is_busy() && b.is_owned_by(client)).then_some(b)
     }
 
@@ -356,8 +380,8 @@ impl Allocator {
         let addr = new.addr;
         let Some(slot) = self.slots.get_mut(&addr) else { return };
         let old = std::mem::replace(&mut slot.b, new);
-        let (network, subnet) = (slot.network, slot.subnet);
-        let queue = if slot.reserved.is_none() { slot.pool } else { None };
+        let (network, subnet) = (slot.network(), slot.subnet());
+        let queue = if slot.reserved.is_none() { slot.pool() } else { None };
         let new = &slot.b;
         self.state_counts[subnet][old.state.code() as usize] -= 1;
         self.state_counts[subnet][new.state.code() as usize] += 1;
@@ -373,33 +397,29 @@ impl Allocator {
         }
         if let Some(q) = queue {
             if old.state == LeaseState::Offered {
-                self.offered[q].remove(&slot.offer_key);
+                self.offered[q].remove(&(old.cltt, slot.offer_order));
             }
             if new.state == LeaseState::Offered {
                 self.offers_made += 1;
-                slot.offer_key = (new.cltt, self.offers_made);
-                self.offered[q].insert(slot.offer_key, addr);
+                slot.offer_order = self.offers_made;
+                self.offered[q].insert(slot.offer_key(), addr);
             }
         }
         if let Some(o) = &old.owner
             && new.owner.as_ref() != Some(o)
         {
-            let key = (network, o.clone());
-            if self.by_client.get(&key) == Some(&addr) {
-                self.by_client.remove(&key);
-            }
+            self.by_client.remove_if(network, o, addr);
         }
-        if let Some(n) = new.owner.clone() {
-            let busy = new.state.is_busy();
-            let key = (network, n);
+        if let Some(n) = &self.slots[&addr].b.owner {
+            let busy = self.slots[&addr].b.state.is_busy();
             // A free binding remembers its last client (affinity) but must not hide a busy
             // binding the client holds elsewhere (lease sync frees a client's losing address).
             let holds_other = !busy
-                && self.by_client.get(&key).is_some_and(|a| {
-                    *a != addr && self.slots.get(a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(&key.1))
+                && self.by_client.get(&self.slots, network, n).is_some_and(|a| {
+                    a != addr && self.slots.get(&a).is_some_and(|s| s.b.state.is_busy() && s.b.is_owned_by(n))
                 });
             if !holds_other {
-                self.by_client.insert(key, addr);
+                self.by_client.set(&self.slots, network, n, addr);
             }
         }
     }
@@ -420,7 +440,7 @@ impl Allocator {
     /// Frees the client's other busy address in the network so it never holds two. Every busy
     /// binding is indexed in `by_client` when made, so the index finds it without a scan.
     fn release_others(&mut self, addr: Ipv4Addr, client: &ClientKey, now: UnixSecs, out: &mut Vec<Transition>) {
-        let subnet = self.slots[&addr].subnet;
+        let subnet = self.slots[&addr].subnet();
         let Some(other) = self.current(subnet, client).map(|b| b.addr).filter(|a| *a != addr) else { return };
         let hold = self.policy.affinity_hold_secs;
         out.push(self.change(other, |b| {

@@ -60,14 +60,17 @@ impl Allocator {
             self.repair_cursor[pool] = if batch.len() < max { None } else { batch.last().copied() };
             for (key, addr) in batch {
                 let ok = self.slots.get(&addr).is_some_and(|s| {
-                    s.reserved.is_none() && s.pool == Some(pool) && s.b.state == LeaseState::Free && s.b.expires == key
+                    s.reserved.is_none()
+                        && s.pool() == Some(pool)
+                        && s.b.state == LeaseState::Free
+                        && s.b.expires == key
                 });
                 if !ok {
                     self.free[pool].remove(&(key, addr));
                     repaired += 1;
                     if let Some(s) = self.slots.get(&addr)
                         && s.reserved.is_none()
-                        && s.pool == Some(pool)
+                        && s.pool() == Some(pool)
                         && s.b.state == LeaseState::Free
                     {
                         let k = s.b.expires;
@@ -84,15 +87,15 @@ impl Allocator {
     #[cfg(test)]
     pub(crate) fn corrupt_enqueue(&mut self, addr: Ipv4Addr) {
         let s = &self.slots[&addr];
-        self.free[s.pool.expect("a pool address")].insert((0, addr));
+        self.free[s.pool().expect("a pool address")].insert((0, addr));
     }
 
     /// Checks every index against the slots; used by tests and debug assertions.
     pub fn check_invariants(&self, now: UnixSecs) -> Result<(), String> {
         use std::collections::HashMap;
         let mut live_per_client: HashMap<(usize, &crate::lease::ClientKey), Ipv4Addr> = HashMap::new();
-        for (addr, s) in &self.slots {
-            let queued = s.pool.is_some_and(|p| self.free[p].contains(&(s.b.expires, *addr)));
+        for (addr, s) in self.slots.iter() {
+            let queued = s.pool().is_some_and(|p| self.free[p].contains(&(s.b.expires, *addr)));
             let indexed_busy = self.busy.contains(&(s.b.expires, *addr));
             if s.b.state.is_busy() {
                 if !indexed_busy {
@@ -102,7 +105,7 @@ impl Allocator {
                     return Err(format!("{addr} both queued and busy"));
                 }
                 if let (Some(o), true) = (&s.b.owner, s.b.is_live(now))
-                    && let Some(prev) = live_per_client.insert((s.network, o), *addr)
+                    && let Some(prev) = live_per_client.insert((s.network(), o), *addr)
                 {
                     return Err(format!("client {o} holds both {prev} and {addr}"));
                 }
@@ -117,12 +120,12 @@ impl Allocator {
         }
         let offered_dynamic = |s: &&super::Slot| s.reserved.is_none() && s.b.state == LeaseState::Offered;
         let on_offer: Vec<&super::Slot> = self.slots.values().filter(offered_dynamic).collect();
-        let offered_indexed = on_offer.iter().all(|s| {
-            s.offer_key.0 == s.b.cltt && s.pool.is_some_and(|p| self.offered[p].get(&s.offer_key) == Some(&s.b.addr))
-        });
+        let offered_indexed =
+            on_offer.iter().all(|s| s.pool().is_some_and(|p| self.offered[p].get(&s.offer_key()) == Some(&s.b.addr)));
         if !offered_indexed || on_offer.len() != self.offered.iter().map(|q| q.len()).sum::<usize>() {
             return Err("the offer index differs from the offered slots".into());
         }
+        self.by_client.check(&self.slots)?;
         if self.busy.len() != self.slots.values().filter(|s| s.b.state.is_busy()).count() {
             return Err("busy index size differs from busy slots".into());
         }

@@ -72,7 +72,7 @@ impl Allocator {
 
     /// Another busy address `client` holds in the subnet of `addr`, if any.
     pub fn other_busy_of(&self, addr: Ipv4Addr, client: &ClientKey) -> Option<Ipv4Addr> {
-        let subnet = self.slots.get(&addr)?.subnet;
+        let subnet = self.slots.get(&addr)?.subnet();
         self.current(subnet, client).map(|b| b.addr).filter(|a| *a != addr)
     }
 

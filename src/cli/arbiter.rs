@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use twinlease::config::{Arbiter, ArbiterKind, Config};
 use twinlease::election::backend::{self, AnyBackend, Backend, CONNECT_TIMEOUT, InitOutcome};
 
+use twinlease::server::control::client;
+use twinlease::server::control::protocol::Request;
+use twinlease::server::control::status::{RoleStatus, Status};
+
 use super::report::utc_us;
 
 fn arbiter_of(cfg: &Config) -> anyhow::Result<&Arbiter> {
@@ -48,14 +52,40 @@ pub(super) fn schema(cfg: &Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// This box's role and why, from its status socket (None if it does not run here).
+fn local_role(cfg: &Config) -> Option<RoleStatus> {
+    let req = Request::new("status-get", serde_json::Map::new());
+    let r = client::ask_within(&cfg.control.status_socket(), &req, std::time::Duration::from_secs(2)).ok()?;
+    let status: Status = serde_json::from_value(r.arguments?).ok()?;
+    Some(status.role)
+}
+
 pub(super) async fn whois(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let a = arbiter_of(cfg)?;
+    let local = local_role(cfg);
+    let this_box = local.as_ref().map(|r| match (&r.why, r.term) {
+        (Some(why), Some(term)) if r.serving => {
+            format!("this box ({}): active, term {term}, because: {why}", cfg.node.name)
+        }
+        _ => format!("this box ({}): {}", cfg.node.name, r.state),
+    });
     let mut b = AnyBackend::from_config(a)?;
-    let row = tokio::time::timeout(CONNECT_TIMEOUT, b.read(&a.utype))
+    let read = tokio::time::timeout(CONNECT_TIMEOUT, b.read(&a.utype))
         .await
-        .map_err(|_| anyhow::anyhow!("the arbiter did not answer within {CONNECT_TIMEOUT:?}"))??;
+        .map_err(|_| anyhow::anyhow!("the arbiter did not answer within {CONNECT_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from));
+    let row = match read {
+        Ok(row) => row,
+        Err(e) => {
+            // Without the arbiter, what the box itself says is all there is to say.
+            if let Some(line) = &this_box {
+                println!("{line}");
+            }
+            return Err(e);
+        }
+    };
     if json {
-        let v = match &row {
+        let mut v = match &row {
             None => serde_json::json!({ "utype": a.utype, "primary": null }),
             Some(r) => serde_json::json!({
                 "utype": r.utype,
@@ -70,6 +100,9 @@ pub(super) async fn whois(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> 
                 "timeout_ms": r.timeout_ms,
             }),
         };
+        if let Some(r) = &local {
+            v["this_box"] = serde_json::json!({ "name": cfg.node.name, "state": r.state, "serving": r.serving, "term": r.term, "why": r.why });
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -89,6 +122,9 @@ pub(super) async fn whois(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> 
                 );
             }
         }
+    }
+    if let Some(line) = &this_box {
+        println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

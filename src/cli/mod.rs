@@ -5,6 +5,7 @@ mod arbiter;
 mod report;
 mod run;
 mod status;
+mod update;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -97,10 +98,28 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Who is primary for this box's utype, and where (asks the arbiter).
+    /// Make this box active although neither the arbiter nor the partner can vote for it: for
+    /// when the arbiter is unreachable and you have SEEN that the partner box is off or
+    /// unplugged. Refused while the partner is reachable on the peer link; logged with who and
+    /// when. The partner, once back, rejoins as standby.
+    PartnerDown {
+        #[arg(long, short, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Where the box's sockets are, if not at [control] runtime_dir.
+        #[arg(long, value_name = "DIR")]
+        runtime_dir: Option<PathBuf>,
+        /// Confirms that you have seen the partner box is off; without it, only the risk is shown.
+        #[arg(long)]
+        yes_the_partner_is_off: bool,
+    },
+    /// Who is primary for this box's utype, and where (asks the arbiter), and why this box is
+    /// active if it is (asks the running box).
     Whois {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Where the box's sockets are, if not at [control] runtime_dir.
+        #[arg(long, value_name = "DIR")]
+        runtime_dir: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -136,6 +155,15 @@ pub(crate) enum Command {
         /// Show only: no actions, even where the control socket would take them.
         #[arg(long)]
         read_only: bool,
+    },
+    /// Safe updates: a signed bundle into the other root slot, with automatic rollback
+    /// (README "Updating").
+    Update {
+        /// Test only: the box's file system (efi/, dev/disk/by-partlabel/, proc/cmdline) is here.
+        #[arg(long, value_name = "DIR", hide = true)]
+        root: Option<PathBuf>,
+        #[command(subcommand)]
+        command: update::UpdateCommand,
     },
     /// Print the version.
     Version,
@@ -176,7 +204,9 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let cfg = Config::load(&config)?.with_overrides(Overrides { state_dir, runtime_dir });
             run::run(cfg, pin_role.as_deref()).await
         }
-        Command::Whois { config, json } => arbiter::whois(&Config::load(&config)?, json).await,
+        Command::Whois { config, runtime_dir, json } => {
+            arbiter::whois(&with_runtime_dir(&config, runtime_dir)?, json).await
+        }
         Command::Arbiter { command: ArbiterCommand::Init { config } } => arbiter::init(&Config::load(&config)?).await,
         Command::Arbiter { command: ArbiterCommand::Schema { config } } => arbiter::schema(&Config::load(&config)?),
         Command::Conflicts { config, state_dir, json } => report::conflicts(&load(&config, state_dir)?, json),
@@ -190,6 +220,10 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             twinlease::tui::run(&cfg, twinlease::tui::Options { ascii, read_only })?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::PartnerDown { config, runtime_dir, yes_the_partner_is_off } => {
+            status::partner_down(&with_runtime_dir(&config, runtime_dir)?, yes_the_partner_is_off)
+        }
+        Command::Update { root, command } => update::dispatch(command, root),
         Command::Ctl { config, runtime_dir, command, arguments, json } => {
             status::ctl(&with_runtime_dir(&config, runtime_dir)?, &command, &arguments, json)
         }

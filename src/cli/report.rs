@@ -1,6 +1,7 @@
 //! `twinlease leases` and `twinlease conflicts`: the lease store read-only, safe while the
 //! daemon runs (and when it does not).
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -14,21 +15,49 @@ fn open(cfg: &Config) -> anyhow::Result<LeaseStore> {
     if !path.exists() {
         anyhow::bail!("no lease database at {} (has the server run yet?)", path.display());
     }
-    Ok(LeaseStore::open_read_only(&path)?)
+    Ok(LeaseStore::open_for_reading(&path)?)
 }
 
 /// The lease table; `all` includes free addresses that have a history.
 pub(super) fn leases(cfg: &Config, json: bool, all: bool) -> anyhow::Result<ExitCode> {
-    let rows: Vec<StoredBinding> =
-        open(cfg)?.load_all()?.into_iter().filter(|r| all || r.binding.state != LeaseState::Free).collect();
+    let store = open(cfg)?;
     let now = twinlease::clock::unix_now();
     if json {
-        let v: Vec<serde_json::Value> = rows.iter().map(|r| lease_json(r, now)).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        write_json_leases(&store, all, now)?;
     } else {
+        let rows: Vec<StoredBinding> =
+            store.load_all()?.into_iter().filter(|r| all || r.binding.state != LeaseState::Free).collect();
         print_table(&rows, now);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON array of leases, written row by row as the store yields them (a million leases
+/// never sit in memory twice: rows, then a document tree, then its text), laid out exactly as
+/// `serde_json::to_string_pretty` lays out the whole array.
+fn write_json_leases(store: &LeaseStore, all: bool, now: u64) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut first = true;
+    let mut failed: Option<anyhow::Error> = None;
+    store.for_each_binding(|r| {
+        if failed.is_some() || !(all || r.binding.state != LeaseState::Free) {
+            return;
+        }
+        let sep = if std::mem::take(&mut first) { "[\n" } else { ",\n" };
+        let written =
+            serde_json::to_string_pretty(&lease_json(&r, now)).map_err(anyhow::Error::from).and_then(|text| {
+                // JSON strings carry no raw newline, so every line of the object is indented one level.
+                let indented: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
+                Ok(write!(out, "{sep}{}", indented.join("\n"))?)
+            });
+        failed = written.err();
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    out.write_all(if first { b"[]\n" } else { b"\n]\n" })?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The conflicts lease sync resolved: both bindings and which one was kept.

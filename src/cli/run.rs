@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use twinlease::config::{Arbiter, Config};
 use twinlease::election::backend::{AnyBackend, Backend};
+use twinlease::election::promise::PromiseFile;
 use twinlease::election::{Election, ElectionHooks, Params, Uuid};
 use twinlease::events::Events;
 use twinlease::role::Role;
@@ -50,12 +51,26 @@ async fn elected(cfg: Config, a: Arbiter) -> anyhow::Result<ExitCode> {
     let (role_tx, role_rx) = tokio::sync::watch::channel(Role::Standby);
     let events = Events::default();
     let (link, mut side) = ElectionLink::new(events.clone());
+    // With a partner, it is the third voter: its votes ride on the peer link, and a promise
+    // this box gives it is recorded in the state directory first.
+    let promises = match cfg.peer {
+        Some(_) => Some(PromiseFile::new(&cfg.node.state_dir)?),
+        None => None,
+    };
+    let peer = cfg.peer.as_ref().map(|_| side.votes);
     let mut elected = tokio::spawn(async move {
         // A box stands only once lease sync has caught up with its partner (or found it
         // unreachable), so a new primary never serves from a stale lease table.
         let _ = side.readiness.wait_for(|r| *r != Readiness::Waiting).await;
-        let hooks =
-            ElectionHooks { role: role_tx, eligible: side.eligible, commands: side.commands, view: side.view, events };
+        let hooks = ElectionHooks {
+            role: role_tx,
+            eligible: side.eligible,
+            commands: side.commands,
+            view: side.view,
+            events,
+            peer,
+            promises,
+        };
         election.run(hooks).await
     });
     tokio::select! {

@@ -6,6 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{Map, Value};
 use twinlease::config::Config;
 use twinlease::server::control::client::{self, ClientError};
+use twinlease::server::control::commands::PARTNER_DOWN_RISK;
 use twinlease::server::control::metrics::encode_status;
 use twinlease::server::control::protocol::{Request, Response, SUCCESS};
 use twinlease::server::control::status::{ElectionStatus, PartnerStatus, RoleStatus, Status, StoreStatus};
@@ -51,6 +52,24 @@ pub(super) fn ctl(cfg: &Config, command: &str, arguments: &[String], json: bool)
     } else {
         print_response(&response);
     }
+    Ok(if response.result == SUCCESS { ExitCode::SUCCESS } else { ExitCode::from(response.result.max(1)) })
+}
+
+/// `twinlease partner-down`: the risk first; the request only with the confirmation.
+pub(super) fn partner_down(cfg: &Config, confirmed: bool) -> anyhow::Result<ExitCode> {
+    eprintln!("{PARTNER_DOWN_RISK}");
+    if !confirmed {
+        eprintln!("Nothing done. If the partner box is off, run again with --yes-the-partner-is-off.");
+        return Ok(ExitCode::from(2));
+    }
+    let mut args = Map::new();
+    args.insert("yes-the-partner-is-off".into(), Value::Bool(true));
+    let operator = std::env::var("SUDO_USER").or_else(|_| std::env::var("USER"));
+    if let Ok(name) = operator {
+        args.insert("operator".into(), Value::String(name));
+    }
+    let response = client::ask(&cfg.control.control_socket(), &Request::new("partner-down", args))?;
+    print_response(&response);
     Ok(if response.result == SUCCESS { ExitCode::SUCCESS } else { ExitCode::from(response.result.max(1)) })
 }
 

@@ -212,7 +212,7 @@ fn pool_limit_error(src: &Source, w: &wire::SubnetSection, total: u64, max: u64)
         ),
         format!(
             "shrink this pool ({len} addresses) or raise [dhcp] max_pool_addresses (at most \
-             {MAX_POOL_ADDRESSES_CEILING}; each pool address takes about 350 bytes of memory from the start)"
+             {MAX_POOL_ADDRESSES_CEILING}; each pool address takes about 200 bytes of memory from the start)"
         ),
     )
 }

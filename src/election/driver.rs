@@ -6,6 +6,12 @@
 //! the lease end whatever the worker is doing. The role itself also carries the lease end, so
 //! the DHCP path stops on time even if this task is late (see `role.rs`).
 //!
+//! The partner's votes travel on the peer link (`peer.rs`): the driver feeds the machine what
+//! arrives and sends what the machine asks, recording a granted promise on disk
+//! (`promise.rs`) before its answer leaves. The driver decides nothing itself; the only check
+//! it adds is the one the machine leaves to its caller, that `partner-down` is refused while the
+//! peer link is up.
+//!
 //! Every role change is logged with CLOCK_MONOTONIC timestamps (`mono_ns`, the same kernel clock
 //! in every network namespace): a promotion's stamp is read *before* the role is published and
 //! a demotion's *after*, so the logged interval always contains the real one.
@@ -15,11 +21,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::backend::{ArbiterError, Backend, Beat, Claim, HolderRow};
-use super::machine::{Call, DemoteReason, Effect, Elector, HaltReason, Reply};
+use super::machine::{Call, DemoteReason, Effect, Elector, HaltReason, PromiseAsk, Reply};
+use super::peer::{PeerEvent, PeerVotes};
+use super::promise::{PromiseFile, PromiseWriter};
 use super::{Params, Uuid};
 use crate::clock;
 use crate::events::{EventKind, Events};
 use crate::role::{Role, RoleTx};
+use crate::sync::protocol::Vote;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
@@ -46,6 +55,7 @@ impl<B: Backend> Election<B> {
             name: name.into(),
             endpoint: endpoint.into(),
             timeout_ms: params.timeout.as_millis() as u64,
+            min_term: 0,
         };
         Election { backend, params, claim }
     }
@@ -81,15 +91,28 @@ impl<B: Backend> Election<B> {
     /// `hooks.eligible` says false this box does not stand (and steps down if active).
     pub async fn run(self, hooks: ElectionHooks) -> ElectionError {
         let Election { backend, params, claim } = self;
-        let ElectionHooks { role, mut eligible, mut commands, view, events } = hooks;
+        let ElectionHooks { role, mut eligible, mut commands, view, events, mut peer, mut promises } = hooks;
         role.send_replace(Role::Standby);
         let (call_tx, call_rx) = mpsc::channel(4);
         let (reply_tx, mut reply_rx) = mpsc::channel(4);
         let worker = tokio::spawn(worker(backend, claim.clone(), call_rx, reply_tx));
-        let machine = Elector::new(params, claim.uuid, &claim.utype, clock::boottime());
-        let mut d = Driver { machine, claim: claim.clone(), role, calls: call_tx, view, events };
+        let now = clock::boottime();
+        let bound = bound_at_start(&mut promises, now, params.timeout);
+        let machine = Elector::new(params, claim.uuid, &claim.utype, now).with_promise(bound);
+        let mut d = Driver {
+            machine,
+            claim: claim.clone(),
+            role,
+            calls: call_tx,
+            view,
+            events,
+            peer: peer.as_ref().map(|_| PeerState::default()),
+            promises: promises.map(PromiseWriter::spawn),
+            timeout: params.timeout,
+            basis: None,
+        };
         let (timeout_ms, interval_ms) = (claim.timeout_ms, params.interval.as_millis() as u64);
-        tracing::info!(uuid = %claim.uuid, utype = %claim.utype, interval_ms, timeout_ms, "election started");
+        tracing::info!(uuid = %claim.uuid, utype = %claim.utype, interval_ms, timeout_ms, partner_votes = peer.is_some(), "election started");
         let (mut watching, mut listening) = (true, true);
         d.machine.set_eligible(*eligible.borrow_and_update());
         let result = loop {
@@ -102,8 +125,21 @@ impl<B: Backend> Election<B> {
                 got = reply_rx.recv() => {
                     let Some(done) = got else { break ElectionError::WorkerStopped };
                     d.observe(&done);
-                    d.machine.on_reply(clock::boottime(), done.id, done.reply)
+                    let third = d.third_box(&done.reply);
+                    let mut fx = d.machine.on_reply(clock::boottime(), done.id, done.reply);
+                    if let Some(third) = third {
+                        fx.extend(d.machine.set_third_box(clock::boottime(), third));
+                    }
+                    fx
                 }
+                got = next_peer_event(&mut peer) => match got {
+                    Some(ev) => d.on_peer(ev),
+                    None => {
+                        // The replication driver is gone (the service is stopping): no more votes.
+                        peer = None;
+                        d.on_peer(PeerEvent::Down)
+                    }
+                },
                 changed = eligible.changed(), if watching => {
                     // A dropped sender leaves the last value in force.
                     watching = changed.is_ok();
@@ -115,6 +151,7 @@ impl<B: Backend> Election<B> {
                         let _ = reply.send(was_active);
                         d.machine.step_down(clock::boottime())
                     }
+                    Some(ElectionCommand::PartnerDown { by, reply }) => d.partner_down(&by, reply),
                     None => {
                         listening = false;
                         Vec::new()
@@ -124,6 +161,9 @@ impl<B: Backend> Election<B> {
             };
             if let Err(e) = d.apply(effects) {
                 break e;
+            }
+            if let Some(p) = &peer {
+                d.send_votes(p);
             }
         };
         d.role.send_replace(Role::Standby);
@@ -144,6 +184,10 @@ pub struct ElectionHooks {
     /// What the election knows, for the status socket.
     pub view: watch::Sender<ElectionView>,
     pub events: Events,
+    /// The partner's votes on the peer link (None: no partner, the arbiter alone decides).
+    pub peer: Option<PeerVotes>,
+    /// Where granted promises are recorded (None: this box never grants one).
+    pub promises: Option<PromiseFile>,
 }
 
 /// An operator action for the election.
@@ -152,6 +196,9 @@ pub enum ElectionCommand {
     /// Hand service to the partner now (demote, release the row, hold off for T). Answers
     /// whether this box was active.
     StepDown { reply: oneshot::Sender<bool> },
+    /// The operator (`by`) has seen that the partner is off: become active without its vote or
+    /// the arbiter's. Refused while the peer link is up. Answers what happened, or why not.
+    PartnerDown { by: String, reply: oneshot::Sender<Result<String, String>> },
 }
 
 /// The election as the status socket shows it. Instants are CLOCK_BOOTTIME.
@@ -172,6 +219,14 @@ pub struct ElectionView {
     pub primary: Option<HolderRow>,
     /// Times this box became active.
     pub promotions: u64,
+    /// Why this box is active ([`super::Basis::describe`]); None while standby.
+    pub basis: Option<&'static str>,
+    /// Whether a session with the partner is up on the peer link.
+    pub partner_link: bool,
+    /// The end of this box's promise not to become active, while one runs.
+    pub promised_until: Option<Duration>,
+    /// A third box holding this utype's row (neither this box nor its partner), by name.
+    pub third_box: Option<String>,
 }
 
 /// A finished arbiter call, as the worker reports it.
@@ -181,15 +236,64 @@ struct Done {
     rtt: Duration,
 }
 
+/// An arbiter call for the worker: the machine's call, its deadline, and the heartbeat's term
+/// floor at the moment the machine asked for it.
+struct Outgoing {
+    id: u64,
+    call: Call,
+    deadline: Duration,
+    min_term: u64,
+}
+
+/// What the driver knows of the peer link.
+#[derive(Default)]
+struct PeerState {
+    up: bool,
+    /// The partner's node name, as it proved it on the link.
+    partner: Option<String>,
+    /// Votes the machine asked for, sent after its effects are carried out.
+    outbox: Vec<Vote>,
+}
+
 /// The driver's side: the machine, and where its effects go.
 struct Driver {
     machine: Elector,
     /// What this box writes into the row (it is the holder the view names while active).
     claim: Claim,
     role: RoleTx,
-    calls: mpsc::Sender<(u64, Call, Duration)>,
+    calls: mpsc::Sender<Outgoing>,
     view: watch::Sender<ElectionView>,
     events: Events,
+    peer: Option<PeerState>,
+    promises: Option<PromiseWriter>,
+    timeout: Duration,
+    /// The basis last logged, to log its changes while the role stays.
+    basis: Option<&'static str>,
+}
+
+/// How long a starting process stays bound by what an earlier one may have promised (see
+/// `promise.rs`); records that, so a later restart in this boot finds a record. A box whose
+/// record cannot be written gives no promises at all.
+fn bound_at_start(promises: &mut Option<PromiseFile>, now: Duration, timeout: Duration) -> Option<Duration> {
+    let bound = promises.as_ref().and_then(|p| p.load().bound_until(now, timeout));
+    if let Some(p) = promises.as_mut()
+        && let Err(e) = p.record(bound.unwrap_or(now), Duration::ZERO)
+    {
+        tracing::error!(error = %e, "the standby promise cannot be recorded: this box gives the partner no vote");
+        *promises = None;
+    }
+    if let Some(until) = bound {
+        let wait_ms = (until - now).as_millis() as u64;
+        tracing::info!(wait_ms, "bound by an earlier process's promise (or none recorded): not standing until it ends");
+    }
+    bound
+}
+
+async fn next_peer_event(peer: &mut Option<PeerVotes>) -> Option<PeerEvent> {
+    match peer {
+        Some(p) => p.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Driver {
@@ -234,7 +338,8 @@ impl Driver {
         for e in effects {
             match e {
                 Effect::Send { id, call, deadline } => {
-                    if self.calls.try_send((id, call, deadline)).is_err() {
+                    let min_term = self.machine.heartbeat_term();
+                    if self.calls.try_send(Outgoing { id, call, deadline, min_term }).is_err() {
                         // The worker is behind (a call stuck past its deadline). The machine
                         // treats the missing answer as a failed call when the deadline passes.
                         tracing::debug!(?call, "arbiter worker busy; call skipped");
@@ -243,29 +348,185 @@ impl Driver {
                 Effect::Active { term, until, renewed } => self.activate(term, until, renewed),
                 Effect::Demoted(why) => self.demote(&why),
                 Effect::Halt(why) => return Err(why.into()),
+                Effect::AskPartner(PromiseAsk { uuid, id, term, active }) => {
+                    self.queue(Vote::Ask { uuid: uuid.as_u128(), id, term, active });
+                }
+                Effect::AnswerPartner { to, id, granted, term, promised_until } => {
+                    let granted = granted && self.record_promise(promised_until);
+                    self.queue(Vote::Answer { to: to.as_u128(), id, granted, term });
+                }
+                Effect::ReleasePartner { up_to } => {
+                    self.queue(Vote::Release { from: self.claim.uuid.as_u128(), up_to })
+                }
             }
         }
         let now = clock::boottime();
-        let now_view = (self.machine.lease_end(), self.machine.holding_off(now), self.machine.is_eligible());
+        let basis = self.machine.basis(now).map(|b| b.describe());
+        if basis.is_some() && self.basis.is_some() && basis != self.basis {
+            let (was, now_why) = (self.basis.unwrap_or_default(), basis.unwrap_or_default());
+            tracing::info!(
+                was,
+                why = now_why,
+                mono_ns = clock::monotonic().as_nanos() as u64,
+                "still active, on another basis"
+            );
+            self.events.record(EventKind::Role, format!("active on {now_why} (was {was})"));
+        }
+        self.basis = basis;
+        let third = self.machine.third_box().then(|| {
+            let v = self.view.borrow();
+            v.primary.as_ref().map(|p| p.name.clone()).unwrap_or_default()
+        });
+        let now_view = (
+            self.machine.lease_end(),
+            self.machine.holding_off(now),
+            self.machine.is_eligible(),
+            basis,
+            self.peer.as_ref().is_some_and(|p| p.up),
+            self.machine.promised_until(now),
+            third,
+        );
         self.view.send_if_modified(|v| {
-            let changed = (v.lease_until, v.hold_off_until, v.eligible) != now_view;
-            (v.lease_until, v.hold_off_until, v.eligible) = now_view;
+            let old = (
+                v.lease_until,
+                v.hold_off_until,
+                v.eligible,
+                v.basis,
+                v.partner_link,
+                v.promised_until,
+                v.third_box.clone(),
+            );
+            let changed = old != now_view;
+            (v.lease_until, v.hold_off_until, v.eligible, v.basis, v.partner_link, v.promised_until, v.third_box) =
+                now_view;
             changed
         });
         Ok(())
     }
 
+    fn queue(&mut self, vote: Vote) {
+        if let Some(p) = self.peer.as_mut().filter(|p| p.up) {
+            p.outbox.push(vote);
+        }
+    }
+
+    fn send_votes(&mut self, link: &PeerVotes) {
+        if let Some(p) = self.peer.as_mut() {
+            for v in p.outbox.drain(..) {
+                link.send(v);
+            }
+        }
+    }
+
+    /// A grant binds this box until `until`: on disk before the answer leaves, or no grant
+    /// (the machine stays bound all the same, which only errs on the safe side). The record
+    /// runs up to 2T ahead, so the partner's requests every I usually find it written.
+    fn record_promise(&mut self, until: Option<Duration>) -> bool {
+        let (Some(until), Some(file)) = (until, self.promises.as_mut()) else { return false };
+        let covered = file.covers(until, self.timeout * 2);
+        if !covered {
+            tracing::debug!("standby promise not on disk yet: this answer is a refusal");
+        }
+        covered
+    }
+
+    /// A peer-link event for the machine.
+    fn on_peer(&mut self, ev: PeerEvent) -> Vec<Effect> {
+        let now = clock::boottime();
+        let Some(p) = self.peer.as_mut() else { return Vec::new() };
+        match ev {
+            PeerEvent::Up { partner } => {
+                p.up = true;
+                p.partner = Some(partner);
+                // The partner will ask at once: have a record ready so the first answer can
+                // be a grant.
+                if let Some(file) = self.promises.as_mut() {
+                    file.covers(now + self.timeout, self.timeout * 2);
+                }
+                Vec::new()
+            }
+            PeerEvent::Down => {
+                p.up = false;
+                p.outbox.clear();
+                Vec::new()
+            }
+            PeerEvent::Vote(Vote::Ask { uuid, id, term, active }) => {
+                self.machine.on_partner_ask(now, PromiseAsk { uuid: Uuid::from_u128(uuid), id, term, active })
+            }
+            PeerEvent::Vote(Vote::Answer { to, id, granted, term }) if to == self.claim.uuid.as_u128() => {
+                self.machine.on_partner_answer(now, id, granted, term)
+            }
+            // An answer to an earlier process of this box.
+            PeerEvent::Vote(Vote::Answer { .. }) => Vec::new(),
+            PeerEvent::Vote(Vote::Release { from, up_to }) => {
+                self.machine.on_partner_release(Uuid::from_u128(from), up_to);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether the live row `reply` read names a third box (None: the reply says nothing new).
+    fn third_box(&self, reply: &Reply) -> Option<bool> {
+        let Reply::Read(row) = reply else { return None };
+        let Some(r) = row.as_ref().filter(|r| r.live) else { return Some(false) };
+        let partner = self.peer.as_ref().and_then(|p| p.partner.as_deref());
+        let third = r.name != self.claim.name && partner.is_some_and(|p| r.name != p);
+        if third && !self.machine.third_box() {
+            tracing::error!(
+                holder = %r.name, utype = %r.utype,
+                "the arbiter names a third box for this utype (neither this box nor its partner): partner votes are off until it goes; give each pair its own utype"
+            );
+        }
+        Some(third)
+    }
+
+    /// The operator says the partner is off. Refused while the peer link is up: the partner is
+    /// evidently not off, and two boxes would serve.
+    fn partner_down(&mut self, by: &str, reply: oneshot::Sender<Result<String, String>>) -> Vec<Effect> {
+        let now = clock::boottime();
+        if self.peer.as_ref().is_some_and(|p| p.up) {
+            let _ = reply.send(Err(
+                "refused: the partner is reachable on the peer link, so it is not off; nothing was changed".into(),
+            ));
+            return Vec::new();
+        }
+        let effects = self.machine.partner_down(now);
+        let answer = match self.machine.basis(now) {
+            Some(b) if b.operator => {
+                tracing::warn!(%by, mono_ns = clock::monotonic().as_nanos() as u64, "partner declared down by the operator: active without the partner's or the arbiter's vote");
+                self.events.record(EventKind::Role, format!("partner declared down by {by}"));
+                Ok("this box is active on the operator's word (partner-down) until the partner is heard from again".into())
+            }
+            _ if self.machine.third_box() => Err("refused: the arbiter names a third box for this utype".into()),
+            _ => Err("refused: this box may not stand now (bound by its promise to the partner, holding off after a step-down, or not eligible); try again in T".into()),
+        };
+        let _ = reply.send(answer);
+        effects
+    }
+
     fn activate(&mut self, term: u64, until: Duration, renewed: bool) {
-        let until_mono = clock::boot_to_mono(until).as_nanos() as u64;
+        // Duration::MAX: on the operator's word, without a lease end.
+        let lease = (until != Duration::MAX).then_some(until);
+        let until_mono = lease.map_or(u64::MAX, |u| clock::boot_to_mono(u).as_nanos() as u64);
         if renewed {
-            self.role.send_replace(Role::Active { term, until: Some(until) });
+            self.role.send_replace(Role::Active { term, until: lease });
             tracing::debug!(term, until_mono_ns = until_mono, "lease renewed");
             return;
         }
+        let current = *self.role.borrow();
+        if let Role::Active { term: was, .. } = current {
+            // Active all along (the arbiter came back and its row took a new term): no gap,
+            // and no role change; lease sync stamps the new term from here on.
+            self.role.send_replace(Role::Active { term, until: lease });
+            tracing::info!(term, was, until_mono_ns = until_mono, "lease renewed, term advanced while active");
+            self.events.record(EventKind::Role, format!("still active, term {was} → {term}"));
+            return;
+        }
         let mono = clock::monotonic().as_nanos() as u64;
-        self.role.send_replace(Role::Active { term, until: Some(until) });
-        tracing::info!(role = "active", term, mono_ns = mono, until_mono_ns = until_mono, "role change");
-        self.events.record(EventKind::Role, format!("active, term {term} (arbiter lease)"));
+        self.role.send_replace(Role::Active { term, until: lease });
+        let why = self.machine.basis(clock::boottime()).map_or("no vote", |b| b.describe());
+        tracing::info!(role = "active", term, mono_ns = mono, until_mono_ns = until_mono, why, "role change");
+        self.events.record(EventKind::Role, format!("active, term {term} ({why})"));
         self.view.send_modify(|v| v.promotions += 1);
     }
 
@@ -289,11 +550,13 @@ impl Driver {
 async fn worker<B: Backend>(
     mut backend: B,
     claim: Claim,
-    mut calls: mpsc::Receiver<(u64, Call, Duration)>,
+    mut calls: mpsc::Receiver<Outgoing>,
     replies: mpsc::Sender<Done>,
 ) {
     let mut last_error: Option<String> = None;
-    while let Some((id, call, deadline)) = calls.recv().await {
+    let mut claim = claim;
+    while let Some(Outgoing { id, call, deadline, min_term }) = calls.recv().await {
+        claim.min_term = min_term;
         let started = clock::boottime();
         let left = deadline.saturating_sub(started);
         let (utype, uuid) = (&claim.utype, claim.uuid);

@@ -4,6 +4,8 @@
 //!   changes out), with the lease rule that closes the seed's dual-primary window;
 //! * `driver` — the tokio task that runs the machine, puts a deadline on every call, publishes
 //!   the role on the watch channel the DHCP path checks, and logs every role change;
+//! * `peer` — the partner's votes in and out over the peer link lease sync owns;
+//! * `promise` — a granted standby promise on disk, so a restarted process keeps it;
 //! * `backend` — UpdateHeartBeat / GetPrimary as single SQL statements for PostgreSQL,
 //!   MariaDB and SQLite, behind one trait;
 //! * `model` (tests) — an exhaustive explorer that checks "at most one active" with message
@@ -14,8 +16,12 @@ pub mod driver;
 pub mod machine;
 #[cfg(test)]
 mod model;
+pub mod peer;
+pub mod promise;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod three_voters;
 
 use std::time::Duration;
 
@@ -23,7 +29,7 @@ pub use uuid::Uuid;
 
 pub use backend::{ArbiterError, Beat, Claim, HolderRow};
 pub use driver::{Election, ElectionCommand, ElectionError, ElectionHooks, ElectionView};
-pub use machine::{Call, DemoteReason, Effect, Elector, HaltReason, Reply};
+pub use machine::{Basis, Call, DemoteReason, Effect, Elector, HaltReason, PromiseAsk, Reply};
 
 /// The two election timers. T > 2I (checked when the configuration loads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -49,6 +49,15 @@ fn sent(effects: &[Effect]) -> Option<(u64, Call)> {
     })
 }
 
+/// The effects that concern the arbiter and the role: an active box also asks its partner
+/// for a vote at every tick, and releases it on demotion.
+fn arbiter_side(effects: Vec<Effect>) -> Vec<Effect> {
+    effects
+        .into_iter()
+        .filter(|e| !matches!(e, Effect::AskPartner(_) | Effect::AnswerPartner { .. } | Effect::ReleasePartner { .. }))
+        .collect()
+}
+
 fn one_send(effects: &[Effect], want: Call) -> u64 {
     let (id, call) = sent(effects).unwrap_or_else(|| panic!("expected a {want:?} call in {effects:?}"));
     assert_eq!(call, want, "{effects:?}");
@@ -147,14 +156,49 @@ fn step_4d_an_empty_answer_after_a_lost_claim_claims_again() {
 fn seeing_its_own_row_does_not_make_a_node_active_only_a_confirmed_heartbeat_does() {
     // The seed's bug: "GetPrimary returned me" was taken as a lease. Here it only triggers a
     // renewal, and the renewal's confirmation starts the lease.
+    // It claimed the free row, and the claim's answer was lost or came back wrong: the row it
+    // then reads may be its own.
     let mut m = Elector::new(params(), me(), UTYPE, ms(0));
     let id = one_send(&m.poll(ms(0)), Call::Read);
-    let fx = m.on_reply(ms(10), id, Reply::Read(Some(row(me(), true))));
+    let id = one_send(&m.on_reply(ms(5), id, Reply::Read(None)), Call::Heartbeat);
+    m.on_reply(ms(8), id, Reply::Beat(Beat::NotApplied));
+    let (id, t) = next_send(&mut m, ms(9), Call::Read);
+    let fx = m.on_reply(t + ms(1), id, Reply::Read(Some(row(me(), true))));
     let id = one_send(&fx, Call::Heartbeat);
     assert!(!fx.iter().any(|e| matches!(e, Effect::Active { .. })));
-    assert_eq!(m.active_term(ms(11)), None);
-    let fx = m.on_reply(ms(20), id, Reply::Beat(Beat::Applied { ts_us: 5, term: 7 }));
-    assert_eq!(fx, vec![Effect::Active { term: 7, until: ms(10) + T - I, renewed: false }]);
+    assert_eq!(m.active_term(t + ms(2)), None);
+    let fx = m.on_reply(t + ms(10), id, Reply::Beat(Beat::Applied { ts_us: 5, term: 7 }));
+    assert_eq!(fx, vec![Effect::Active { term: 7, until: t + ms(1) + T - I, renewed: false }]);
+}
+
+/// Polls every millisecond from `from` until the machine sends `want`; its id and the time.
+fn next_send(m: &mut Elector, from: Duration, want: Call) -> (u64, Duration) {
+    (0..10_000u64)
+        .map(|k| from + ms(k))
+        .find_map(|t| sent(&m.poll(t)).map(|(id, call)| (id, call, t)))
+        .map(|(id, call, t)| {
+            assert_eq!(call, want);
+            (id, t)
+        })
+        .expect("a call within 10 s")
+}
+
+#[test]
+fn a_row_naming_this_node_that_it_never_wrote_is_left_to_expire() {
+    // A confused or tampered arbiter rewrites the active's row with this standby's uuid. The
+    // standby never claimed it since it saw the other's row, so it does not renew it (the other
+    // may still be serving); once the row expires it claims it like any free row.
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
+    let id = one_send(&m.poll(ms(0)), Call::Read);
+    assert!(
+        m.on_reply(ms(5), id, Reply::Read(Some(row(other(), true)))).iter().all(|e| !matches!(e, Effect::Send { .. }))
+    );
+    let (id, t) = next_send(&mut m, ms(6), Call::Read);
+    let fx = m.on_reply(t + ms(1), id, Reply::Read(Some(row(me(), true))));
+    assert!(sent(&fx).is_none() && m.active_term(t + ms(2)).is_none(), "{fx:?}");
+    let (id, t) = next_send(&mut m, t + ms(2), Call::Read);
+    let fx = m.on_reply(t + ms(1), id, Reply::Read(Some(row(me(), false))));
+    one_send(&fx, Call::Heartbeat);
 }
 
 #[test]
@@ -175,7 +219,7 @@ fn step_5a_a_rejected_heartbeat_demotes_at_once() {
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
     assert_eq!(
-        m.on_reply(ms(1010), id, Reply::Beat(Beat::NotApplied)),
+        arbiter_side(m.on_reply(ms(1010), id, Reply::Beat(Beat::NotApplied))),
         vec![Effect::Demoted(DemoteReason::HeartbeatRejected)]
     );
     assert_eq!(m.active_term(ms(1011)), None);
@@ -213,7 +257,7 @@ fn the_lease_end_is_a_wake_up_even_with_a_call_in_flight() {
     }
     one_send(&m.poll(ms(4000)), Call::Heartbeat);
     assert_eq!(m.wake_at(), ms(4010), "lease end (4010) before the call deadline (5000)");
-    assert_eq!(m.poll(ms(4010)), vec![Effect::Demoted(DemoteReason::LeaseExpired)]);
+    assert_eq!(arbiter_side(m.poll(ms(4010))), vec![Effect::Demoted(DemoteReason::LeaseExpired)]);
 }
 
 #[test]
@@ -272,7 +316,7 @@ fn answers_to_unknown_calls_are_ignored() {
 #[test]
 fn an_ineligible_box_steps_down_at_once_and_never_heartbeats() {
     let mut m = active();
-    assert_eq!(m.set_eligible(false), vec![Effect::Demoted(DemoteReason::Ineligible)]);
+    assert_eq!(arbiter_side(m.set_eligible(false)), vec![Effect::Demoted(DemoteReason::Ineligible)]);
     assert_eq!(m.active_term(ms(100)), None);
     // Only reads from now on, whatever the arbiter says: its own live row is not renewed, a free
     // row is not claimed, and a heartbeat answer still in flight does not promote.

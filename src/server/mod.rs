@@ -23,6 +23,7 @@ mod tests;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
+use crate::election::peer::{PeerPort, PeerVotes};
 use crate::election::{ElectionCommand, ElectionView};
 use crate::events::Events;
 use crate::role::RoleRx;
@@ -64,6 +65,8 @@ pub struct ElectionLink {
     pub events: Events,
     /// Why the role is what it is when no election decides it.
     pub fixed_role: Option<&'static str>,
+    /// Where the replication driver delivers the partner's votes (None: no election).
+    pub votes: Option<PeerPort>,
 }
 
 /// The election's ends of an [`ElectionLink`].
@@ -72,6 +75,7 @@ pub struct ElectionSide {
     pub eligible: watch::Receiver<bool>,
     pub view: watch::Sender<ElectionView>,
     pub commands: mpsc::Receiver<ElectionCommand>,
+    pub votes: PeerVotes,
 }
 
 impl ElectionLink {
@@ -80,6 +84,7 @@ impl ElectionLink {
         let (eligible, eligible_rx) = watch::channel(true);
         let (view_tx, view) = watch::channel(ElectionView::default());
         let (commands_tx, commands) = mpsc::channel(4);
+        let (port, votes) = crate::election::peer::channel();
         let link = ElectionLink {
             readiness,
             eligible,
@@ -87,8 +92,9 @@ impl ElectionLink {
             commands: Some(commands_tx),
             events,
             fixed_role: None,
+            votes: Some(port),
         };
-        (link, ElectionSide { readiness: ready_rx, eligible: eligible_rx, view: view_tx, commands })
+        (link, ElectionSide { readiness: ready_rx, eligible: eligible_rx, view: view_tx, commands, votes })
     }
 
     /// For a box whose role does not come from an election; `why` names what decides it
@@ -96,7 +102,7 @@ impl ElectionLink {
     pub fn none(why: &'static str, events: Events) -> ElectionLink {
         let (readiness, _) = watch::channel(Readiness::Waiting);
         let (eligible, _) = watch::channel(true);
-        ElectionLink { readiness, eligible, view: None, commands: None, events, fixed_role: Some(why) }
+        ElectionLink { readiness, eligible, view: None, commands: None, events, fixed_role: Some(why), votes: None }
     }
 }
 

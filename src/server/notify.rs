@@ -157,6 +157,8 @@ pub struct StatusReporter {
     writer: Arc<WriterStats>,
     can_commit: tokio::sync::watch::Receiver<bool>,
     sync: Option<Arc<SyncStats>>,
+    /// Why the election made this box active (None: no election).
+    election: Option<tokio::sync::watch::Receiver<crate::election::ElectionView>>,
 }
 
 impl StatusReporter {
@@ -168,13 +170,24 @@ impl StatusReporter {
         can_commit: tokio::sync::watch::Receiver<bool>,
         sync: Option<Arc<SyncStats>>,
     ) -> StatusReporter {
-        StatusReporter { role, engine, writer, can_commit, sync }
+        StatusReporter { role, engine, writer, can_commit, sync, election: None }
+    }
+
+    /// Says in STATUS= why the election made this box active.
+    pub fn with_election(mut self, view: Option<tokio::sync::watch::Receiver<crate::election::ElectionView>>) -> Self {
+        self.election = view;
+        self
     }
 
     /// One line for `systemctl status`.
     pub fn line(&self) -> String {
         let role = *self.role.borrow();
-        let term = role.term().map(|t| format!(" (term {t})")).unwrap_or_default();
+        let why = self.election.as_ref().and_then(|v| v.borrow().basis).filter(|_| role.is_active());
+        let term = match (role.term(), why) {
+            (Some(t), Some(why)) => format!(" (term {t}, {why})"),
+            (Some(t), None) => format!(" (term {t})"),
+            _ => String::new(),
+        };
         let partner = self.sync.as_deref().map(partner_status).unwrap_or_default();
         // A store that cannot commit is the first thing an operator must see.
         let store = if *self.can_commit.borrow() { "" } else { "NOT SERVING: lease store cannot commit; " };

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use crate::allocator::Allocator;
 use crate::clock::unix_now;
 use crate::config::{ConfigDigest, Peer, SyncMode};
+use crate::election::peer::PeerPort;
 use crate::events::{EventKind, Events};
 use crate::lease::{Binding, LeaseState, Transition};
 use crate::store::writer::AfterCommit;
@@ -24,7 +25,7 @@ use crate::store::{Batch, ConflictKind, ConflictRecord, StoreIdentity, StoreWrit
 use crate::sync::link::{self, LinkConfig, LinkEvent, LinkHandle, LinkStats};
 use crate::sync::machine::{Readiness, SyncAction, SyncSession, Timing};
 use crate::sync::merge::{self, Merged};
-use crate::sync::protocol::{EntryOutcome, EntryResult, UpdateKind};
+use crate::sync::protocol::{EntryOutcome, EntryResult, Message, UpdateKind};
 
 /// Counters for status displays, tests and the benchmark.
 #[derive(Debug, Default)]
@@ -99,6 +100,12 @@ pub struct Replication {
     gates: HashMap<u64, Vec<Arc<Gate>>>,
     /// This box's configuration digest, sent in Hello and compared with the partner's.
     config_digest: ConfigDigest,
+    /// Bindings of the partner refused as impossible: a bad partner could send thousands.
+    refused_log: crate::logging::Throttle,
+    /// The same for the partner's refusals of this box's bindings.
+    refused_by_partner_log: crate::logging::Throttle,
+    /// The election's votes ride on this link (None: no election listens).
+    votes: Option<PeerPort>,
 }
 
 impl Replication {
@@ -142,6 +149,9 @@ impl Replication {
             applied_tx,
             gates: HashMap::new(),
             config_digest: ConfigDigest::default(),
+            refused_log: crate::logging::Throttle::new(Duration::from_secs(10), 5),
+            refused_by_partner_log: crate::logging::Throttle::new(Duration::from_secs(10), 5),
+            votes: None,
         };
         (r, ReplicationInputs { link_events, applied })
     }
@@ -170,6 +180,11 @@ impl Replication {
     pub fn set_config_digest(&mut self, digest: ConfigDigest) {
         self.config_digest = digest;
         self.session.set_config_digest(digest.0);
+    }
+
+    /// Hands the election's votes to `port` and lets it send its own on this link.
+    pub fn set_peer_votes(&mut self, port: PeerPort) {
+        self.votes = Some(port);
     }
 
     /// The election term stamped on this box's changes (None while standby).
@@ -210,6 +225,9 @@ impl Replication {
                 tracing::info!(%partner, session, "lease sync session starting");
                 self.stats.link_up.store(true, Ordering::Relaxed);
                 self.events.record(EventKind::Partner, format!("link to {partner} up (session {session})"));
+                if let Some(v) = &self.votes {
+                    v.up(&self.link, session, &partner);
+                }
                 self.session.link_up(now, session)
             }
             LinkEvent::Down { session, reason } => {
@@ -219,10 +237,19 @@ impl Replication {
                 tracing::warn!(%reason, "lease sync session ended; changes stay unsynced until the next catch-up");
                 self.stats.link_up.store(false, Ordering::Relaxed);
                 self.events.record(EventKind::Partner, format!("link down: {reason}"));
+                if let Some(v) = &self.votes {
+                    v.down(session);
+                }
                 self.session.link_down(now)
             }
             LinkEvent::Message { session, msg } => {
                 if self.session.session() != Some(session) {
+                    return;
+                }
+                if let Message::Vote(vote) = msg {
+                    if let Some(v) = &self.votes {
+                        v.deliver(vote);
+                    }
                     return;
                 }
                 self.session.receive(now, msg, alloc)
@@ -255,9 +282,9 @@ impl Replication {
             SyncAction::Close(reason) => self.link.close(session, reason),
             SyncAction::Apply { batch, kind, entries } => self.apply(alloc, writer, session, batch, kind, entries),
             SyncAction::Settle(results) => {
-                for r in &results {
-                    if r.outcome == EntryOutcome::Unknown {
-                        tracing::warn!(address = %r.addr, "the partner does not manage this address; the two boxes' pools differ");
+                for r in results.iter().filter(|r| r.outcome == EntryOutcome::Unknown) {
+                    if let Some(held_back) = self.refused_by_partner_log.admit(Instant::now()) {
+                        tracing::warn!(address = %r.addr, held_back, "the partner refused this binding (an address it does not manage, or content it found impossible; its log says which)");
                     }
                 }
                 let mut merged = Merged::default();
@@ -387,8 +414,13 @@ impl Replication {
         }
     }
 
-    fn commit_merged(&self, writer: &StoreWriter, merged: Merged, after: Option<AfterCommit>) {
-        let Merged { transitions, marks, conflicts, fenced } = merged;
+    fn commit_merged(&mut self, writer: &StoreWriter, merged: Merged, after: Option<AfterCommit>) {
+        let Merged { transitions, marks, conflicts, fenced, refused } = merged;
+        for (address, why) in refused {
+            if let Some(held_back) = self.refused_log.admit(Instant::now()) {
+                tracing::warn!(%address, held_back, "refused the partner's binding: {why}; the table here keeps its own");
+            }
+        }
         self.stats.conflicts.fetch_add(conflicts.len() as u64, Ordering::Relaxed);
         if fenced {
             self.stats.fenced.fetch_add(1, Ordering::Relaxed);

@@ -59,13 +59,13 @@ impl OpenedStore {
     }
 
     fn load(cfg: &Config, mut store: LeaseStore) -> Result<OpenedStore, ServerError> {
-        let stored = store.load_all()?;
         let identity = StoreIdentity { store: Some(store.store_id()?), partner_store: store.partner_store_id()? };
         let mut alloc = Allocator::new(cfg);
-        let orphans = alloc.load_with_marks(stored.into_iter().map(|s| (s.binding, s.peer_synced_version)));
-        if !orphans.is_empty() {
+        let mut orphans = 0;
+        store.for_each_binding(|s| orphans += alloc.load_with_marks([(s.binding, s.peer_synced_version)]).len())?;
+        if orphans > 0 {
             tracing::warn!(
-                count = orphans.len(),
+                count = orphans,
                 "stored leases for addresses no longer in any pool or reservation are kept on disk but not served"
             );
         }
@@ -109,14 +109,17 @@ impl Service {
         key: Option<Vec<u8>>,
     ) -> Result<Service, ServerError> {
         let cfg = Arc::new(cfg);
-        let ElectionLink { readiness, eligible, view, commands, events, fixed_role } = election;
+        let ElectionLink { readiness, eligible, view, commands, events, fixed_role, votes } = election;
         let ifaces = Arc::new(Interfaces::new(&cfg.dhcp.interfaces));
         let (sockets, senders) = bind_sockets(&cfg, &ifaces)?;
         let (alloc, identity, parts) = opened.spawn_writer();
         let writer = parts.writer.clone();
         let eligibility = Eligibility::load(&cfg.node.state_dir, eligible, events.clone());
         let mut tasks = vec![tokio::spawn(follow_store_health(writer.can_commit(), eligibility.clone()))];
-        let replication = start_replication(&cfg, &alloc, identity, key, (readiness.clone(), events.clone()));
+        let mut replication = start_replication(&cfg, &alloc, identity, key, (readiness.clone(), events.clone()));
+        if let (Some((r, _)), Some(port)) = (replication.as_mut(), votes) {
+            r.set_peer_votes(port);
+        }
         let partner = replication.as_ref().map(|(r, _)| (r.stats(), r.link_stats(), readiness.subscribe()));
         let transmit = senders.iter().map(|s| s.clone() as Arc<dyn Transmit>).collect();
         let (mut engine, handle) =
@@ -152,9 +155,10 @@ impl Service {
             send_errors,
             events,
         };
+        let view_for_status = sources.election.clone();
         let handlers = Handlers { sources, engine: handle.commands.clone(), election: commands };
         let control = ControlSockets::start(&cfg.control, handlers, cfg.metrics_listen)?;
-        let reporter = report_ready(&cfg, role, &handle, &writer, partner.map(|p| p.0));
+        let reporter = report_ready(&cfg, role, &handle, &writer, partner.map(|p| p.0), view_for_status);
         Ok(Service {
             writer,
             writer_thread: parts.thread,
@@ -206,6 +210,7 @@ fn report_ready(
     engine: &EngineHandle,
     writer: &StoreWriter,
     sync: Option<Arc<super::replication::SyncStats>>,
+    election: Option<tokio::sync::watch::Receiver<crate::election::ElectionView>>,
 ) -> notify::Reporter {
     let listening: Vec<String> =
         cfg.dhcp.interfaces.iter().cloned().chain(cfg.dhcp.listen_relayed.then(|| "relay".to_string())).collect();
@@ -219,7 +224,8 @@ fn report_ready(
         );
     }
     let status =
-        notify::StatusReporter::new(role, engine.stats.clone(), writer.stats.clone(), writer.can_commit(), sync);
+        notify::StatusReporter::new(role, engine.stats.clone(), writer.stats.clone(), writer.can_commit(), sync)
+            .with_election(election);
     notify::ready(&status.line());
     status.spawn(watchdog)
 }

@@ -99,6 +99,17 @@ pub struct LeaseStore {
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Page cache per connection, in KiB. SQLite's default (2,000 KiB) filled up at start-up (the
+/// quick check and the load read every page) and stayed, a tenth of a small box's memory budget
+/// at 65,536 leases. A commit touches a few pages: the interior pages of the table stay
+/// cached, and a leaf that is not comes from the kernel's page cache (instructions per lease
+/// did not rise with this limit: README, "What the boxes run").
+const PAGE_CACHE_KIB: i64 = 256;
+
+fn limit_page_cache(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)
+}
+
 const COLUMNS: &str = "addr, state, owner, expires, cltt, version, term, hw, hostname, peer_synced_version, seq";
 
 impl LeaseStore {
@@ -168,6 +179,7 @@ impl LeaseStore {
             Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
         conn.busy_timeout(Duration::from_secs(2))?;
+        limit_page_cache(&conn)?;
         Ok(LeaseStore { conn, file: None })
     }
 
@@ -186,7 +198,19 @@ impl LeaseStore {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
         let conn = Connection::open_with_flags(format!("file:{escaped}?immutable=1"), flags)
             .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        limit_page_cache(&conn)?;
         Ok(LeaseStore { conn, file: None })
+    }
+
+    /// A read-only view for a reader beside a daemon that may or may not run (`twinlease
+    /// leases`, the console): read-only with locks while a log lies beside the file or the
+    /// reader may create one, else immutable — a cleanly stopped store read by a user who may
+    /// not write its directory (the console unit's user, an operator's own account).
+    pub fn open_for_reading(path: &Path) -> Result<LeaseStore, StoreError> {
+        let wal = PathBuf::from(format!("{}-wal", path.display()));
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let may_write = nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok();
+        if wal.exists() || may_write { Self::open_read_only(path) } else { Self::open_immutable(path) }
     }
 
     fn setup(conn: Connection) -> Result<LeaseStore, StoreError> {
@@ -199,6 +223,7 @@ impl LeaseStore {
         conn.pragma_update(None, "wal_autocheckpoint", file::AUTOCHECKPOINT_PAGES)?;
         conn.pragma_update(None, "journal_size_limit", file::JOURNAL_SIZE_LIMIT)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        limit_page_cache(&conn)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         Ok(LeaseStore { conn, file: None })
     }
@@ -248,13 +273,19 @@ impl LeaseStore {
 
     /// Every stored binding.
     pub fn load_all(&self) -> Result<Vec<StoredBinding>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease ORDER BY addr"))?;
-        let rows = stmt.query_map([], row_to_binding)?;
         let mut out = Vec::new();
-        for r in rows {
-            out.push(r??);
-        }
+        self.for_each_binding(|r| out.push(r))?;
         Ok(out)
+    }
+
+    /// Hands every stored binding to `f` in address order, one row at a time: loading a large
+    /// table this way never holds a second copy of it.
+    pub fn for_each_binding(&self, mut f: impl FnMut(StoredBinding)) -> Result<(), StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease ORDER BY addr"))?;
+        for r in stmt.query_map([], row_to_binding)? {
+            f(r??);
+        }
+        Ok(())
     }
 
     pub fn get(&self, addr: Ipv4Addr) -> Result<Option<StoredBinding>, StoreError> {
@@ -330,28 +361,12 @@ impl LeaseStore {
             )?;
             for t in batch {
                 let b = &t.new;
-                let owner = b.owner.as_ref().map(ClientKey::as_bytes);
-                let base = params![
-                    u32::from(b.addr),
-                    b.state.code(),
-                    owner,
-                    b.expires as i64,
-                    b.cltt as i64,
-                    b.version as i64,
-                    b.term as i64,
-                    &b.hw,
-                    &b.hostname,
-                    b.seq as i64
-                ];
+                let columns = LeaseColumns::of(b);
                 let changed = if t.expect_version == 0 {
-                    insert.execute(base)?
+                    columns.execute(&mut insert, &[])?
                 } else {
                     let expect_owner = t.expect_owner.as_ref().map(ClientKey::as_bytes);
-                    let mut p: Vec<&dyn rusqlite::ToSql> = base.to_vec();
-                    let ev = t.expect_version as i64;
-                    p.push(&ev);
-                    p.push(&expect_owner);
-                    update.execute(p.as_slice())?
+                    columns.execute(&mut update, &[&(t.expect_version as i64), &expect_owner])?
                 };
                 if changed != 1 {
                     return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
@@ -422,4 +437,60 @@ fn row_to_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<StoredBindin
         },
         peer_synced_version: r.get::<_, i64>(9)? as u64,
     }))
+}
+
+/// A binding as the lease table's first ten columns, in the order every statement here binds
+/// them: addr, state, owner, expires, cltt, version, term, hw, hostname, seq.
+pub(super) struct LeaseColumns<'a> {
+    addr: u32,
+    state: i64,
+    owner: Option<&'a [u8]>,
+    expires: i64,
+    cltt: i64,
+    version: i64,
+    term: i64,
+    hw: &'a [u8],
+    hostname: Option<&'a str>,
+    seq: i64,
+}
+
+impl<'a> LeaseColumns<'a> {
+    pub(super) fn of(b: &'a Binding) -> Self {
+        LeaseColumns {
+            addr: u32::from(b.addr),
+            state: b.state.code(),
+            owner: b.owner.as_ref().map(ClientKey::as_bytes),
+            expires: b.expires as i64,
+            cltt: b.cltt as i64,
+            version: b.version as i64,
+            term: b.term as i64,
+            hw: &b.hw,
+            hostname: b.hostname.as_deref(),
+            seq: b.seq as i64,
+        }
+    }
+
+    /// Runs `stmt` with these ten columns as ?1..?10 and `extra` as the parameters after them.
+    pub(super) fn execute(
+        &self,
+        stmt: &mut rusqlite::Statement<'_>,
+        extra: &[&dyn rusqlite::ToSql],
+    ) -> rusqlite::Result<usize> {
+        let columns: [&dyn rusqlite::ToSql; 10] = [
+            &self.addr,
+            &self.state,
+            &self.owner,
+            &self.expires,
+            &self.cltt,
+            &self.version,
+            &self.term,
+            &self.hw,
+            &self.hostname,
+            &self.seq,
+        ];
+        for (i, value) in columns.iter().chain(extra).enumerate() {
+            stmt.raw_bind_parameter(i + 1, value)?;
+        }
+        stmt.raw_execute()
+    }
 }

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{LeaseStore, StoreError, StoredBinding};
+use super::{LeaseColumns, LeaseStore, StoreError, StoredBinding};
 use crate::lease::{Binding, ClientKey, LeaseState};
 
 /// Two bindings that contradicted each other and which one the conflict rule kept.
@@ -112,21 +112,7 @@ impl LeaseStore {
                 "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq, peer_synced_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?;
             for r in rows {
-                let b = &r.binding;
-                let owner = b.owner.as_ref().map(ClientKey::as_bytes);
-                insert.execute(params![
-                    u32::from(b.addr),
-                    b.state.code(),
-                    owner,
-                    b.expires as i64,
-                    b.cltt as i64,
-                    b.version as i64,
-                    b.term as i64,
-                    &b.hw,
-                    &b.hostname,
-                    b.seq as i64,
-                    r.peer_synced_version as i64
-                ])?;
+                LeaseColumns::of(&r.binding).execute(&mut insert, &[&(r.peer_synced_version as i64)])?;
             }
             let mut meta = tx.prepare(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",

@@ -344,6 +344,8 @@ impl SyncSession {
                 self.check_complete(table, &mut out);
             }
             Message::Digest { buckets } => self.on_digest(now, buckets, table, &mut out),
+            // The replication driver hands votes to the election; one that got here is ignored.
+            Message::Vote(_) => {}
             Message::Heartbeat { sent_ms } => out.push(SyncAction::Send(Message::HeartbeatAck { echo_ms: sent_ms })),
             Message::HeartbeatAck { echo_ms } => {
                 let rtt = self.ms(now).saturating_sub(echo_ms);

@@ -93,11 +93,44 @@ pub struct Merged {
     pub conflicts: Vec<ConflictRecord>,
     /// Whether the partner's content was stale by term (fenced).
     pub fenced: bool,
+    /// The partner's bindings refused as impossible, with why (for the log).
+    pub refused: Vec<(Ipv4Addr, &'static str)>,
+}
+
+/// How far ahead of this box's clock a partner's client transaction may be stamped. Beyond it
+/// the partner's clock (or data) is wrong, and such a binding would win every conflict and keep
+/// its address for as long as that clock is ahead.
+pub const MAX_CLTT_AHEAD_SECS: u64 = 86_400;
+
+/// Why the partner's binding cannot have come from a working box, if it cannot: no
+/// configuration grants a lease longer than `u32::MAX` seconds (lease times are 32-bit in
+/// DHCP), a busy binding cannot end before its transaction, and a transaction is not stamped
+/// far in this box's future. Such a binding (an expiry in year 9999, say) is refused rather
+/// than left to hold an address for ever.
+pub fn implausible(b: &Binding, now: UnixSecs) -> Option<&'static str> {
+    if b.cltt > now.saturating_add(MAX_CLTT_AHEAD_SECS) {
+        Some("its client transaction time is more than a day ahead of this box's clock")
+    } else if b.expires.saturating_sub(b.cltt) > u64::from(u32::MAX) {
+        Some("its lease is longer than any configuration grants (expiry too far ahead)")
+    } else if b.state.is_busy() && b.expires < b.cltt {
+        Some("it ends before its client transaction")
+    } else {
+        None
+    }
 }
 
 /// Merges `inc` (the partner's binding) into `alloc`. Returns what to tell the partner.
+/// An impossible binding is answered `Unknown`, like an address this box does not manage: the
+/// partner stops sending it, and the table here is left as it was.
 pub fn merge(alloc: &mut Allocator, inc: &Binding, kind: UpdateKind, now: UnixSecs, out: &mut Merged) -> EntryOutcome {
-    let Some(local) = alloc.binding(inc.addr).cloned() else { return EntryOutcome::Unknown };
+    let Some(local) = alloc.binding(inc.addr).cloned() else {
+        out.refused.push((inc.addr, "this box manages no such address (the two boxes' pools differ)"));
+        return EntryOutcome::Unknown;
+    };
+    if let Some(why) = implausible(inc, now) {
+        out.refused.push((inc.addr, why));
+        return EntryOutcome::Unknown;
+    }
     if same_content(&local, inc) {
         if alloc.mark_synced(local.addr, local.version) {
             out.marks.push((local.addr, local.version));

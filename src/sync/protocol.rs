@@ -10,8 +10,8 @@ use std::net::Ipv4Addr;
 use crate::lease::{Binding, ClientKey, LeaseState};
 
 /// Bumped when the message set changes incompatibly; a mismatch closes the link (and is logged
-/// with both versions). 2: Hello carries the configuration digest.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// with both versions). 2: Hello carries the configuration digest. 3: the election's votes.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest number of bindings in one Updates message (catch-up pages are this size).
 pub const MAX_ENTRIES: usize = 4096;
@@ -64,6 +64,19 @@ pub struct Bucket {
     pub hash: u64,
 }
 
+/// The election's messages: the partner box as the third voter (`election::peer`). The lease
+/// sync machine never sees them; the replication driver hands them to the election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vote {
+    /// "Promise me not to become active": request `id` of process `uuid`, which knows `term`
+    /// and is `active` or not.
+    Ask { uuid: u128, id: u64, term: u64, active: bool },
+    /// The answer to request `id` of process `to`.
+    Answer { to: u128, id: u64, granted: bool, term: u64 },
+    /// Process `from` no longer counts promises for its requests up to `up_to`.
+    Release { from: u128, up_to: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// First message of a session in each direction.
@@ -97,6 +110,7 @@ pub enum Message {
     HeartbeatAck {
         echo_ms: u64,
     },
+    Vote(Vote),
 }
 
 impl Message {
@@ -109,6 +123,9 @@ impl Message {
             Message::Digest { .. } => "digest",
             Message::Heartbeat { .. } => "heartbeat",
             Message::HeartbeatAck { .. } => "heartbeat-ack",
+            Message::Vote(Vote::Ask { .. }) => "vote-ask",
+            Message::Vote(Vote::Answer { .. }) => "vote-answer",
+            Message::Vote(Vote::Release { .. }) => "vote-release",
         }
     }
 }
@@ -147,6 +164,32 @@ impl W {
     }
     fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u128(&mut self, v: u128) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn vote(&mut self, v: &Vote) {
+        match *v {
+            Vote::Ask { uuid, id, term, active } => {
+                self.u8(8);
+                self.u128(uuid);
+                self.u64(id);
+                self.u64(term);
+                self.u8(u8::from(active));
+            }
+            Vote::Answer { to, id, granted, term } => {
+                self.u8(9);
+                self.u128(to);
+                self.u64(id);
+                self.u8(u8::from(granted));
+                self.u64(term);
+            }
+            Vote::Release { from, up_to } => {
+                self.u8(10);
+                self.u128(from);
+                self.u64(up_to);
+            }
+        }
     }
     fn bytes(&mut self, b: &[u8]) {
         self.u16(b.len() as u16);
@@ -263,6 +306,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
             w.u8(7);
             w.u64(*echo_ms);
         }
+        Message::Vote(v) => w.vote(v),
     }
     w.0
 }
@@ -291,6 +335,9 @@ impl<'a> R<'a> {
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn u128(&mut self) -> Result<u128, DecodeError> {
+        Ok(u128::from_be_bytes(self.take(16)?.try_into().expect("16 bytes")))
     }
     fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let n = usize::from(self.u16()?);
@@ -412,6 +459,16 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
         }
         6 => Message::Heartbeat { sent_ms: r.u64()? },
         7 => Message::HeartbeatAck { echo_ms: r.u64()? },
+        8 => {
+            let (uuid, id, term) = (r.u128()?, r.u64()?, r.u64()?);
+            Message::Vote(Vote::Ask { uuid, id, term, active: r.flag("active flag")? })
+        }
+        9 => {
+            let (to, id) = (r.u128()?, r.u64()?);
+            let granted = r.flag("granted flag")?;
+            Message::Vote(Vote::Answer { to, id, granted, term: r.u64()? })
+        }
+        10 => Message::Vote(Vote::Release { from: r.u128()?, up_to: r.u64()? }),
         t => return Err(DecodeError::Tag(t)),
     };
     if !r.0.is_empty() {

@@ -11,7 +11,9 @@ use proptest::prelude::*;
 use super::frame::{self, FrameError, Hello, Opener, Sealer, Side};
 use super::machine::{Readiness, SyncAction, SyncSession, Table, Timing};
 use super::merge::{self, Merged};
-use super::protocol::{self, Bucket, CatchUpRequest, DecodeError, EntryOutcome, EntryResult, Message, UpdateKind};
+use super::protocol::{
+    self, Bucket, CatchUpRequest, DecodeError, EntryOutcome, EntryResult, Message, UpdateKind, Vote,
+};
 use crate::allocator::{Allocator, Choice};
 use crate::config::{Config, LocalAddrs};
 use crate::lease::{Binding, LeaseState};
@@ -74,6 +76,9 @@ fn every_message_survives_encoding() {
         Message::Digest { buckets: vec![Bucket { prefix: 0xc61200, count: 3, hash: 99 }] },
         Message::Heartbeat { sent_ms: 5 },
         Message::HeartbeatAck { echo_ms: 5 },
+        Message::Vote(Vote::Ask { uuid: u128::MAX - 3, id: 7, term: 12, active: true }),
+        Message::Vote(Vote::Answer { to: 5, id: 7, granted: false, term: 13 }),
+        Message::Vote(Vote::Release { from: 1 << 100, up_to: 9 }),
     ];
     for m in msgs {
         assert_eq!(protocol::decode(&protocol::encode(&m)).unwrap(), m);
@@ -721,5 +726,50 @@ fn a_partner_on_another_protocol_version_is_named_in_the_error() {
     hello[1..3].copy_from_slice(&1u16.to_be_bytes());
     let err = protocol::decode(&hello).unwrap_err();
     assert_eq!(err, DecodeError::Version(1));
-    assert!(err.to_string().contains("version 1, this box 2"), "{err}");
+    assert!(err.to_string().contains("version 1, this box 3"), "{err}");
+}
+
+// ---- a partner sending valid but absurd bindings ------------------------------------------------
+
+#[test]
+fn impossible_bindings_from_the_partner_are_refused_and_the_table_kept() {
+    let mut a = Allocator::new(&config());
+    a.set_term(3);
+    a.lease(ip(10), &key(1), &mac(1), None, 1000, 100);
+    let before: Vec<Binding> = (10..30).filter_map(|n| a.binding(ip(n)).cloned()).collect();
+    let now = 200;
+    let year_9999 = 253_402_300_799;
+    let mut far = leased(11, 2, 3, 150);
+    far.expires = year_9999;
+    let mut ahead = leased(12, 3, 3, now + 2 * merge::MAX_CLTT_AHEAD_SECS);
+    ahead.expires = ahead.cltt + 1000;
+    let mut backwards = leased(13, 4, 3, 150);
+    backwards.expires = 100;
+    // An address outside every subnet.
+    let outside = Binding { addr: Ipv4Addr::new(203, 0, 113, 9), ..leased(10, 5, 3, 150) };
+    for bad in [&far, &ahead, &backwards, &outside] {
+        let (o, m) = merge_one(&mut a, bad, UpdateKind::Live, now);
+        assert_eq!(o, EntryOutcome::Unknown, "{bad:?}");
+        assert_eq!(m.refused.len(), 1, "a reason for the log: {bad:?}");
+        assert!(m.transitions.is_empty() && m.conflicts.is_empty());
+    }
+    let after: Vec<Binding> = (10..30).filter_map(|n| a.binding(ip(n)).cloned()).collect();
+    assert_eq!(before, after, "nothing changed, the lease of .10 kept");
+    // Still serving: the refused addresses are handed out as usual.
+    assert!(a.may_lease(ip(11), &key(9), &mac(9), None, now).is_ok());
+}
+
+#[test]
+fn a_lease_that_ended_in_1970_is_applied_as_the_ended_lease_it_is() {
+    // Long over, but possible (a partner's clock at the epoch after a dead RTC): applied, not
+    // live, so the reaper frees it and no conflict is recorded.
+    let mut a = Allocator::new(&config());
+    a.set_term(3);
+    let old = Binding { expires: 1000, ..leased(14, 6, 3, 0) };
+    let (o, m) = merge_one(&mut a, &old, UpdateKind::Live, 1_795_000_000);
+    assert_eq!(o, EntryOutcome::Applied);
+    assert!(m.refused.is_empty() && m.conflicts.is_empty());
+    assert!(!a.binding(ip(14)).unwrap().is_live(1_795_000_000));
+    let reaped = a.reap(1_795_000_000, 100);
+    assert!(reaped.iter().any(|t| t.new.addr == ip(14) && t.new.state == LeaseState::Free), "{reaped:?}");
 }

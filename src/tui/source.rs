@@ -89,17 +89,7 @@ impl Source {
         if !self.db_path.exists() {
             return Err(format!("no lease database at {}", self.db_path.display()));
         }
-        // With no log beside the file nobody writes it; a reader that may not create the log
-        // index (the console unit's read-only file system) then reads the file as it stands.
-        let wal = PathBuf::from(format!("{}-wal", self.db_path.display()));
-        let dir = self.db_path.parent().unwrap_or(std::path::Path::new("."));
-        let may_write = nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok();
-        let store = if wal.exists() || may_write {
-            LeaseStore::open_read_only(&self.db_path)
-        } else {
-            LeaseStore::open_immutable(&self.db_path)
-        };
-        store.map_err(|e| e.to_string())
+        LeaseStore::open_for_reading(&self.db_path).map_err(|e| e.to_string())
     }
 
     fn tables(&self) -> (Result<Vec<LeaseRow>, String>, Result<Vec<ConflictRow>, String>) {

@@ -97,6 +97,8 @@ fn active() -> Status {
                 primary: Some("box-a".to_string()),
                 primary_term: Some(3),
             },
+            promised_left_ms: None,
+            third_box: None,
         }),
         partner: Some(PartnerStatus {
             address: "198.18.1.2:6767".to_string(),

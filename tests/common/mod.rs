@@ -791,6 +791,8 @@ pub struct WireReply {
     pub chaddr: [u8; 6],
     pub yiaddr: Ipv4Addr,
     pub src: Ipv4Addr,
+    /// Option 51, the lease time granted (ACKs and OFFERs).
+    pub lease_secs: Option<u32>,
 }
 
 pub fn pcap_replies_at(path: &Path) -> Vec<WireReply> {
@@ -844,6 +846,7 @@ pub fn pcap_replies_at(path: &Path) -> Vec<WireReply> {
         // Find option 53.
         let mut o = &dhcp[240..];
         let mut kind = 0;
+        let mut lease_secs = None;
         while let [c, rest @ ..] = o {
             match *c {
                 0 => o = rest,
@@ -857,11 +860,15 @@ pub fn pcap_replies_at(path: &Path) -> Vec<WireReply> {
                     if code == 53 && len == 1 {
                         kind = rest[1];
                     }
+                    if code == 51 && len == 4 {
+                        lease_secs = Some(u32::from_be_bytes(rest[1..5].try_into().unwrap()));
+                    }
                     o = &rest[1 + len..];
                 }
             }
         }
-        out.push(WireReply { at, kind, chaddr, yiaddr, src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]) });
+        let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+        out.push(WireReply { at, kind, chaddr, yiaddr, src, lease_secs });
     }
     out
 }
@@ -870,6 +877,8 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 pub mod arbiter;
+pub mod bundle;
+pub mod client;
 pub mod pair;
 pub mod site;
 pub mod vm;

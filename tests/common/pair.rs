@@ -17,6 +17,8 @@ pub struct Pair {
     pub lan: [String; 2],
     /// Peer-link interface of each box.
     pub link: [String; 2],
+    /// Each box's port on the LAN switch (in `sw.ns`): everything the box sends crosses it.
+    pub ports: [String; 2],
     pub dir: tempfile::TempDir,
 }
 
@@ -27,8 +29,9 @@ impl Pair {
         let boxes = [Netns::new("a"), Netns::new("b")];
         let lan = [format!("la{id}"), format!("lb{id}")];
         let link = [format!("ka{id}"), format!("kb{id}")];
+        let ports = [format!("oa{id}"), format!("ob{id}")];
         for (i, ns) in boxes.iter().enumerate() {
-            sw.plug(ns, &lan[i], &format!("o{}{id}", ["a", "b"][i]));
+            sw.plug(ns, &lan[i], &ports[i]);
             ns.ip(&format!("addr add 198.18.0.{}/24 dev {}", i + 1, lan[i]));
             ns.ip(&format!("link set {} up", lan[i]));
         }
@@ -44,7 +47,7 @@ impl Pair {
         let key = dir.path().join("peer.key");
         std::fs::write(&key, "c2hhcmVkIHNlY3JldCBmb3IgdGhlIHBhaXIgdGVzdHM=\n").unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        Pair { sw, boxes, lan, link, dir }
+        Pair { sw, boxes, lan, link, ports, dir }
     }
 
     /// Box `i`'s directory (config, state, log).

@@ -5,6 +5,9 @@
 //! * `heartbeat` (UpdateHeartBeat) — one statement, one round trip: inserts the row if absent,
 //!   renews it if it holds this uuid, takes it over (term + 1) if `arbiter_now − ts > T`, else
 //!   changes nothing; answers whether it applied, with the arbiter time and term it wrote.
+//!   The term written is never below the caller's `min_term`: a box elected by its partner's
+//!   vote (docs/design.md, "Three voters") carries its term to the row, so terms only grow
+//!   whichever path elected them.
 //!   A row whose stored T differs from the caller's is never renewed or taken over.
 //! * `read` (GetPrimary) — the row, with `live = arbiter_now − ts <= T` computed by the database.
 //!
@@ -60,6 +63,8 @@ pub struct Claim {
     pub name: String,
     pub endpoint: String,
     pub timeout_ms: u64,
+    /// The lowest term the heartbeat may write (0: no floor).
+    pub min_term: u64,
 }
 
 /// What `arbiter init` did.
@@ -225,7 +230,13 @@ pub(crate) fn row(
     age_ms: i64,
     live: bool,
 ) -> Result<HolderRow, ArbiterError> {
-    let uuid = Uuid::parse_str(uuid.trim()).map_err(|e| ArbiterError::Corrupt(format!("uuid {uuid:?}: {e}")))?;
+    // A holder that is no uuid (a row written by hand or by something else) is nobody's: the
+    // row is someone else's, so this box stands by, and once it expires by the arbiter's own
+    // clock a heartbeat takes it over. Refusing to read it would wedge the election for good.
+    let uuid = Uuid::parse_str(uuid.trim()).unwrap_or_else(|e| {
+        tracing::warn!(holder = uuid, error = %e, "the arbiter's row names a holder that is no uuid; treated as another node's, taken over once it expires");
+        Uuid::nil()
+    });
     let term = u64::try_from(term).map_err(|_| ArbiterError::Corrupt(format!("term {term}")))?;
     let timeout_ms =
         u64::try_from(timeout_ms).map_err(|_| ArbiterError::Corrupt(format!("timeout_ms {timeout_ms}")))?;
@@ -234,3 +245,18 @@ pub(crate) fn row(
 
 /// How long a connection attempt may take when the caller set no deadline (init, whois).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_whose_holder_is_no_uuid_reads_as_another_node_s() {
+        let r = row("u".into(), "not-a-uuid at all", "n".into(), "e".into(), 3, 2000, 1, 2500, false).unwrap();
+        assert_eq!((r.uuid, r.term, r.live), (Uuid::nil(), 3, false));
+        assert!(matches!(
+            row("u".into(), "x", "n".into(), "e".into(), -1, 2000, 1, 0, true),
+            Err(ArbiterError::Corrupt(_))
+        ));
+    }
+}

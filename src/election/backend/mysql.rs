@@ -49,9 +49,10 @@ fn heartbeat_sql() -> String {
     let ok = format!("(timeout_ms = VALUES(timeout_ms) AND (uuid = VALUES(uuid) OR {AGE_US} > timeout_ms * 1000))");
     format!(
         "INSERT INTO {TABLE} (utype, uuid, name, endpoint, ts, term, timeout_ms) \
-         VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), 1, ?) \
+         VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), GREATEST(1, ?), ?) \
          ON DUPLICATE KEY UPDATE \
-             term = IF({ok}, IF(uuid = VALUES(uuid) AND {AGE_US} <= timeout_ms * 1000, term, term + 1), term), \
+             term = IF({ok}, GREATEST(VALUES(term), \
+                                      IF(uuid = VALUES(uuid) AND {AGE_US} <= timeout_ms * 1000, term, term + 1)), term), \
              name = IF({ok}, VALUES(name), name), \
              endpoint = IF({ok}, VALUES(endpoint), endpoint), \
              uuid = IF({ok}, VALUES(uuid), uuid), \
@@ -77,7 +78,10 @@ pub async fn read_on(conn: &mut Conn, utype: &str) -> Result<Option<HolderRow>, 
 pub async fn heartbeat_on(conn: &mut Conn, c: &Claim) -> Result<Beat, ArbiterError> {
     let uuid = c.uuid.to_string();
     let r: Option<(i64, i64, String, i64)> = conn
-        .exec_first(heartbeat_sql(), (&c.utype, &uuid, &c.name, &c.endpoint, c.timeout_ms as i64))
+        .exec_first(
+            heartbeat_sql(),
+            (&c.utype, &uuid, &c.name, &c.endpoint, i64::try_from(c.min_term).unwrap_or(i64::MAX), c.timeout_ms as i64),
+        )
         .await
         .map_err(ArbiterError::query)?;
     let Some((ts_us, term, holder, fresh)) = r else {

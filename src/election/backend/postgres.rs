@@ -42,10 +42,11 @@ fn heartbeat_sql() -> String {
     // SET expressions all see the old row, so `term` can look at the old uuid and ts.
     format!(
         "INSERT INTO {TABLE} AS h (utype, uuid, name, endpoint, ts, term, timeout_ms) \
-         VALUES ($1, $2, $3, $4, now(), 1, $5) \
+         VALUES ($1, $2, $3, $4, now(), GREATEST(1, $6::bigint), $5) \
          ON CONFLICT (utype) DO UPDATE SET \
-             term = CASE WHEN h.uuid = excluded.uuid AND now() - h.ts <= h.timeout_ms * interval '1 millisecond' \
-                         THEN h.term ELSE h.term + 1 END, \
+             term = GREATEST($6::bigint, CASE WHEN h.uuid = excluded.uuid \
+                                           AND now() - h.ts <= h.timeout_ms * interval '1 millisecond' \
+                                      THEN h.term ELSE h.term + 1 END), \
              uuid = excluded.uuid, name = excluded.name, endpoint = excluded.endpoint, ts = now() \
          WHERE h.timeout_ms = excluded.timeout_ms \
            AND (h.uuid = excluded.uuid OR now() - h.ts > h.timeout_ms * interval '1 millisecond') \
@@ -90,9 +91,10 @@ impl PgConn {
     pub async fn heartbeat(&self, c: &Claim) -> Result<Beat, ArbiterError> {
         let uuid = c.uuid.to_string();
         let t = c.timeout_ms as i64;
+        let floor = i64::try_from(c.min_term).unwrap_or(i64::MAX);
         let rows = self
             .client
-            .query(&self.beat, &[&c.utype, &uuid, &c.name, &c.endpoint, &t])
+            .query(&self.beat, &[&c.utype, &uuid, &c.name, &c.endpoint, &t, &floor])
             .await
             .map_err(ArbiterError::query)?;
         match rows.first() {

@@ -37,9 +37,10 @@ fn read_sql() -> String {
 fn heartbeat_sql() -> String {
     format!(
         "INSERT INTO {TABLE} AS h (utype, uuid, name, endpoint, ts, term, timeout_ms) \
-         VALUES (?1, ?2, ?3, ?4, {NOW_US}, 1, ?5) \
+         VALUES (?1, ?2, ?3, ?4, {NOW_US}, max(1, ?6), ?5) \
          ON CONFLICT (utype) DO UPDATE SET \
-             term = CASE WHEN h.uuid = excluded.uuid AND {NOW_US} - h.ts <= h.timeout_ms * 1000 THEN h.term ELSE h.term + 1 END, \
+             term = max(?6, CASE WHEN h.uuid = excluded.uuid AND {NOW_US} - h.ts <= h.timeout_ms * 1000 \
+                                 THEN h.term ELSE h.term + 1 END), \
              uuid = excluded.uuid, name = excluded.name, endpoint = excluded.endpoint, ts = {NOW_US} \
          WHERE h.timeout_ms = excluded.timeout_ms AND (h.uuid = excluded.uuid OR {NOW_US} - h.ts > h.timeout_ms * 1000) \
          RETURNING ts, term"
@@ -90,7 +91,14 @@ fn heartbeat_on(c: &Connection, claim: &Claim) -> Result<Beat, ArbiterError> {
         .prepare_cached(&heartbeat_sql())
         .map_err(ArbiterError::query)?
         .query_row(
-            params![claim.utype, claim.uuid.to_string(), claim.name, claim.endpoint, claim.timeout_ms as i64],
+            params![
+                claim.utype,
+                claim.uuid.to_string(),
+                claim.name,
+                claim.endpoint,
+                claim.timeout_ms as i64,
+                i64::try_from(claim.min_term).unwrap_or(i64::MAX)
+            ],
             |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
         )
         .optional()

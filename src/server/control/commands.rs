@@ -22,7 +22,12 @@ use crate::store::{LeaseStore, StoredBinding};
 pub const READ_ONLY: &[&str] =
     &["list-commands", "version-get", "status-get", "lease-get", "lease-list", "conflicts-get"];
 /// Commands only the control socket accepts.
-pub const ACTIONS: &[&str] = &["step-down", "maintenance", "sync-from-partner", "reload"];
+pub const ACTIONS: &[&str] = &["step-down", "maintenance", "sync-from-partner", "reload", "partner-down"];
+
+/// What `partner-down` risks, said before it acts.
+pub const PARTNER_DOWN_RISK: &str = "partner-down makes this box active without the arbiter's or the partner's vote. \
+If the partner is in fact running (only its cables are cut), both boxes may answer clients and hand out \
+the same addresses until they see each other again. Use it only after seeing that the other box is off or unplugged.";
 
 /// Who sent a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +64,7 @@ impl Handlers {
             "maintenance" => self.maintenance(req, caller).await,
             "sync-from-partner" => self.sync_from_partner(caller).await,
             "reload" => self.reload(caller).await,
+            "partner-down" => self.partner_down(req, caller).await,
             other => Ok(Response::unsupported(other)),
         };
         result.unwrap_or_else(|r| r)
@@ -225,6 +231,36 @@ impl Handlers {
         }
         self.record(caller, format!("configuration reloaded from {}", path.display()));
         Ok(Response::done("reloaded: new lease times, options, holds and log filter apply from now on"))
+    }
+
+    /// The operator has seen that the partner is off: this box serves without its vote.
+    /// Needs `yes-the-partner-is-off=true`; `operator` names the person (the log also has the uid).
+    async fn partner_down(&self, req: &Request, caller: Caller) -> Result<Response, Response> {
+        let Some(election) = &self.election else {
+            return Err(Response::error(
+                "this box has no election (standalone or pinned): it does not need its partner",
+            ));
+        };
+        if !req.flag("yes-the-partner-is-off")? {
+            return Err(Response::error(format!("{PARTNER_DOWN_RISK} Send yes-the-partner-is-off=true to go ahead.")));
+        }
+        let uid = caller.uid.map_or_else(|| "?".to_string(), |u| u.to_string());
+        let by = match req.text("operator")? {
+            Some(name) => format!("{name} (uid {uid})"),
+            None => format!("uid {uid}"),
+        };
+        let (reply, answer) = oneshot::channel();
+        election.send(ElectionCommand::PartnerDown { by: by.clone(), reply }).await.map_err(|_| stopped())?;
+        match answer.await.map_err(|_| stopped())? {
+            Ok(text) => {
+                self.record(caller, format!("partner-down by {by}: active without the partner's vote"));
+                Ok(Response::done(text))
+            }
+            Err(why) => {
+                self.record(caller, format!("partner-down by {by} refused: {why}"));
+                Err(Response::error(why))
+            }
+        }
     }
 
     fn record(&self, caller: Caller, what: impl Into<String>) {

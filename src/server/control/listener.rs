@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use super::commands::{Caller, Handlers};
 use super::protocol::{self, MAX_REQUEST, Response};
 use crate::config::Control;
+use crate::logging::Throttle;
 
 /// Connections served at once per socket; more are told so and closed.
 const MAX_CLIENTS: usize = 256;
@@ -23,6 +24,34 @@ const MAX_CLIENTS: usize = 256;
 const IDLE: Duration = Duration::from_secs(60);
 /// A client that does not read its answer within this long is dropped.
 const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Refused requests and clients are logged, but a local program looping on a bad request must
+/// not fill the journal: at most this many lines per socket per 10 s, the rest counted.
+const REFUSALS_LOGGED: u32 = 5;
+
+/// The log of one socket's refusals (malformed, oversized, busy, idle, not reading).
+#[derive(Clone)]
+struct Refusals {
+    socket: &'static str,
+    throttle: Arc<std::sync::Mutex<Throttle>>,
+}
+
+impl Refusals {
+    fn new(may_act: bool) -> Refusals {
+        let throttle = Throttle::new(Duration::from_secs(10), REFUSALS_LOGGED);
+        Refusals {
+            socket: if may_act { "control" } else { "status" },
+            throttle: Arc::new(std::sync::Mutex::new(throttle)),
+        }
+    }
+
+    fn note(&self, uid: Option<u32>, what: &str) {
+        let admitted = self.throttle.lock().unwrap_or_else(|e| e.into_inner()).admit(std::time::Instant::now());
+        if let Some(held_back) = admitted {
+            tracing::warn!(socket = self.socket, ?uid, held_back, "{what}");
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -146,6 +175,7 @@ fn bind(path: &Path, group: &str) -> Result<UnixListener, ControlError> {
 
 async fn serve(listener: UnixListener, handlers: Handlers, may_act: bool) {
     let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    let refusals = Refusals::new(may_act);
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -155,14 +185,15 @@ async fn serve(listener: UnixListener, handlers: Handlers, may_act: bool) {
                 continue;
             }
         };
+        let uid = stream.peer_cred().ok().map(|c| c.uid());
         let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refusals.note(uid, &format!("client refused: {MAX_CLIENTS} clients are connected"));
             tokio::spawn(refuse(stream));
             continue;
         };
-        let uid = stream.peer_cred().ok().map(|c| c.uid());
-        let handlers = handlers.clone();
+        let (handlers, refusals) = (handlers.clone(), refusals.clone());
         tokio::spawn(async move {
-            connection(stream, &handlers, Caller { uid, may_act }).await;
+            connection(stream, &handlers, Caller { uid, may_act }, &refusals).await;
             drop(slot);
         });
     }
@@ -175,7 +206,7 @@ async fn refuse(mut stream: UnixStream) {
 
 /// Answers requests, one per line, until the client goes, idles, sends an oversized request or
 /// does not read its answers.
-async fn connection(stream: UnixStream, handlers: &Handlers, caller: Caller) {
+async fn connection(stream: UnixStream, handlers: &Handlers, caller: Caller, refusals: &Refusals) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut line = Vec::new();
@@ -183,20 +214,31 @@ async fn connection(stream: UnixStream, handlers: &Handlers, caller: Caller) {
         line.clear();
         let got = tokio::time::timeout(IDLE, read_line(&mut read, &mut line)).await;
         let response = match got {
-            Err(_) | Ok(Err(_)) | Ok(Ok(Line::End)) => return,
+            Err(_) => {
+                return refusals
+                    .note(caller.uid, &format!("client closed: no complete request in {} s", IDLE.as_secs()));
+            }
+            Ok(Err(_)) | Ok(Ok(Line::End)) => return,
             Ok(Ok(Line::TooLong)) => {
+                refusals.note(caller.uid, &format!("request refused: longer than {MAX_REQUEST} bytes"));
                 let r = Response::error(format!("request longer than {MAX_REQUEST} bytes; refused"));
                 let _ = tokio::time::timeout(WRITE_DEADLINE, write.write_all(&r.to_line())).await;
                 return;
             }
             Ok(Ok(Line::Complete)) => match protocol::parse(&line) {
                 Ok(req) => handlers.handle(&req, caller).await,
-                Err(r) => r,
+                Err(r) => {
+                    refusals.note(caller.uid, &format!("request refused: {}", r.text));
+                    r
+                }
             },
         };
         match tokio::time::timeout(WRITE_DEADLINE, write.write_all(&response.to_line())).await {
             Ok(Ok(())) => {}
-            _ => return,
+            _ => {
+                let what = format!("client dropped: it did not read its answer within {} s", WRITE_DEADLINE.as_secs());
+                return refusals.note(caller.uid, &what);
+            }
         }
     }
 }

@@ -50,7 +50,8 @@ pub struct RoleStatus {
     /// Whether the box answers clients right now.
     pub serving: bool,
     pub term: Option<u64>,
-    /// Why it holds the role: "arbiter lease", "standalone", "pinned".
+    /// Why it holds the role: "arbiter lease", "partner vote", "arbiter lease + partner vote",
+    /// "operator partner-down", "standalone", "pinned".
     pub why: Option<String>,
     /// Whether it may stand; if not, why (lease store, maintenance).
     pub eligible: bool,
@@ -69,6 +70,12 @@ pub struct ElectionStatus {
     /// Times this box became active since it started.
     pub promotions: u64,
     pub arbiter: ArbiterStatus,
+    /// Milliseconds left of this box's promise to its partner not to become active.
+    #[serde(default)]
+    pub promised_left_ms: Option<u64>,
+    /// A third box the arbiter names for this utype (partner votes are off while it does).
+    #[serde(default)]
+    pub third_box: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -213,7 +220,10 @@ impl Sources {
             not_eligible_because.push("maintenance".to_string());
         }
         let why = match role {
-            Role::Active { .. } => Some(self.fixed_role.unwrap_or("arbiter lease").to_string()),
+            Role::Active { .. } => {
+                let elected = self.election.as_ref().and_then(|v| v.borrow().basis);
+                Some(self.fixed_role.or(elected).unwrap_or("arbiter lease").to_string())
+            }
             Role::Standby => None,
         };
         let state = if matches!(role, Role::Active { .. }) { "active" } else { "standby" };
@@ -238,6 +248,8 @@ impl Sources {
             lease_left_ms: left(v.lease_until),
             hold_off_left_ms: left(v.hold_off_until),
             promotions: v.promotions,
+            promised_left_ms: left(v.promised_until),
+            third_box: v.third_box.clone(),
             arbiter: ArbiterStatus {
                 reachable: v.reachable,
                 last_heartbeat_age_ms: v.last_confirmed.map(|t| now.saturating_sub(t).as_millis() as u64),
@@ -378,6 +390,11 @@ pub fn summary(role: &RoleStatus, election: Option<&ElectionStatus>, partner: Op
         return format!("standby, not eligible: {}", role.not_eligible_because.join(", "));
     }
     match election {
+        // Named as elsewhere on this line: the arbiter row's last known holder.
+        Some(e) if e.promised_left_ms.is_some() => {
+            let who = e.arbiter.primary.as_deref().unwrap_or("the partner");
+            format!("standby: {who} serves, with this box's vote")
+        }
         Some(e) if !e.arbiter.reachable => "NOT SERVING: arbiter unreachable".to_string(),
         Some(e) => match &e.arbiter.primary {
             Some(p) => format!("standby: {p} serves"),

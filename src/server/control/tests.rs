@@ -169,7 +169,7 @@ async fn leases_are_found_by_address_hardware_address_and_hostname() {
 #[tokio::test]
 async fn actions_need_the_control_socket_and_unknown_commands_are_unsupported() {
     let lab = Lab::start();
-    for action in ["step-down", "maintenance", "sync-from-partner", "reload"] {
+    for action in ["step-down", "maintenance", "sync-from-partner", "reload", "partner-down"] {
         let r = lab.ask(action, json!({}), READER).await;
         assert_eq!(r.result, ERROR, "{action}");
         assert!(r.text.contains("control socket"), "{}", r.text);
@@ -177,9 +177,11 @@ async fn actions_need_the_control_socket_and_unknown_commands_are_unsupported() 
     assert_eq!(lab.ask("frobnicate", json!({}), ADMIN).await.result, UNSUPPORTED);
     let listed = |r: super::protocol::Response| r.arguments.unwrap().as_array().unwrap().len();
     assert_eq!(listed(lab.ask("list-commands", json!({}), READER).await), 6);
-    assert_eq!(listed(lab.ask("list-commands", json!({}), ADMIN).await), 10);
+    assert_eq!(listed(lab.ask("list-commands", json!({}), ADMIN).await), 11);
     // Without an election or a partner there is nothing to hand over or sync with.
     assert_eq!(lab.ask("step-down", json!({}), ADMIN).await.result, ERROR);
+    let r = lab.ask("partner-down", json!({"yes-the-partner-is-off": true}), ADMIN).await;
+    assert!(r.result == ERROR && r.text.contains("no election"), "{}", r.text);
     assert_eq!(lab.ask("sync-from-partner", json!({}), ADMIN).await.result, ERROR);
 }
 

@@ -2,10 +2,9 @@
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Rect};
-use ratatui::style::{Modifier, Style};
-use ratatui::widgets::{Paragraph, Row, StatefulWidget, Table, TableState, Widget, Wrap};
+use ratatui::widgets::{Paragraph, Row, Table, Widget, Wrap};
 
-use super::{WIDE, block, bold};
+use super::{WIDE, block, render_scrolling};
 use crate::tui::data::{ConflictRow, ConflictSide, utc};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,14 +82,6 @@ impl Widget for &ConflictsView {
             (Row::new(["AT", "ADDRESS", "KEPT"]), vec![8, 15, 0])
         };
         let widths = widths.into_iter().map(|w| if w == 0 { Constraint::Fill(1) } else { Constraint::Length(w) });
-        let table = Table::new(rows, widths)
-            .header(header.style(bold()))
-            .block(outer)
-            .highlight_symbol(">")
-            .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
-        let height = area.height.saturating_sub(3) as usize;
-        let offset = (self.selected + 1).saturating_sub(height.max(1));
-        let mut state = TableState::default().with_selected(Some(self.selected)).with_offset(offset);
-        StatefulWidget::render(table, area, buf, &mut state);
+        render_scrolling(Table::new(rows, widths).block(outer), header, Some(self.selected), area, buf);
     }
 }

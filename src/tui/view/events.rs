@@ -3,10 +3,10 @@
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Rect};
-use ratatui::style::{Modifier, Style};
-use ratatui::widgets::{Paragraph, Row, StatefulWidget, Table, TableState, Widget, Wrap};
+use ratatui::style::Style;
+use ratatui::widgets::{Paragraph, Row, Table, Widget, Wrap};
 
-use super::{WIDE, block, bold, warn};
+use super::{WIDE, block, render_scrolling, warn};
 use crate::events::{Event, EventKind};
 use crate::server::control::Status;
 use crate::tui::data::utc;
@@ -79,14 +79,7 @@ impl Widget for &EventsView {
             Row::new([at, kind.to_string(), e.text.clone()]).style(style)
         });
         let widths = [Constraint::Length(if wide { 19 } else { 8 }), Constraint::Length(8), Constraint::Fill(1)];
-        let table = Table::new(rows, widths)
-            .header(Row::new(["AT (UTC)", "KIND", "WHAT"]).style(bold()))
-            .block(outer)
-            .highlight_symbol(">")
-            .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
-        let height = area.height.saturating_sub(3) as usize;
-        let offset = (self.selected + 1).saturating_sub(height.max(1));
-        let mut state = TableState::default().with_selected(Some(self.selected)).with_offset(offset);
-        StatefulWidget::render(table, area, buf, &mut state);
+        let header = Row::new(["AT (UTC)", "KIND", "WHAT"]);
+        render_scrolling(Table::new(rows, widths).block(outer), header, Some(self.selected), area, buf);
     }
 }

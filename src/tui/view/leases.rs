@@ -3,11 +3,11 @@
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::KeyCode;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Modifier, Style};
+use ratatui::style::Style;
 use ratatui::text::Line;
-use ratatui::widgets::{Paragraph, Row, StatefulWidget, Table, TableState, Widget};
+use ratatui::widgets::{Paragraph, Row, Table, Widget};
 
-use super::{WIDE, bad, block, bold};
+use super::{WIDE, bad, block, render_scrolling};
 use crate::tui::data::{LeaseRow, span};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,19 +152,8 @@ impl Widget for &LeasesView {
         });
         let header = Row::new(columns.iter().map(|(name, _)| *name));
         let widths = columns.iter().map(|(_, w)| if *w == 0 { Constraint::Fill(1) } else { Constraint::Length(*w) });
-        let table = Table::new(rows, widths)
-            .header(header.style(bold()))
-            .block(outer)
-            .highlight_symbol(">")
-            .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
-        // The selection stays on screen: the table scrolls only once it reaches the bottom.
-        let height = table_area.height.saturating_sub(3) as usize;
-        let offset = (self.selected + 1).saturating_sub(height.max(1));
-        let mut state = TableState::default().with_selected(Some(self.selected)).with_offset(offset);
-        if visible.is_empty() {
-            state = TableState::default();
-        }
-        StatefulWidget::render(table, table_area, buf, &mut state);
+        let selected = (!visible.is_empty()).then_some(self.selected);
+        render_scrolling(Table::new(rows, widths).block(outer), header, selected, table_area, buf);
         if show_filter {
             let cursor = if self.editing { "_" } else { "" };
             Paragraph::new(format!("/{}{cursor}", self.filter)).render(filter_area, buf);

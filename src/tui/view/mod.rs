@@ -13,7 +13,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Paragraph, Tabs, Widget, Wrap};
+use ratatui::widgets::{Block, Paragraph, Row, StatefulWidget, Table, TableState, Tabs, Widget, Wrap};
 
 use super::app::{App, Overlay, Tab};
 
@@ -59,6 +59,23 @@ pub fn warn() -> Style {
 
 pub fn bad() -> Style {
     Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
+}
+
+/// Draws a bordered table with a bold header and row `selected` highlighted (`None`: no
+/// selection). The selection stays on screen: the table scrolls only once it reaches the bottom.
+pub fn render_scrolling(table: Table<'_>, header: Row<'_>, selected: Option<usize>, area: Rect, buf: &mut Buffer) {
+    let table = table
+        .header(header.style(bold()))
+        .highlight_symbol(">")
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
+    // Two border lines and the header.
+    let height = area.height.saturating_sub(3) as usize;
+    let mut state = TableState::default();
+    if let Some(selected) = selected {
+        let offset = (selected + 1).saturating_sub(height.max(1));
+        state = state.with_selected(Some(selected)).with_offset(offset);
+    }
+    StatefulWidget::render(table, area, buf, &mut state);
 }
 
 impl Widget for &App {

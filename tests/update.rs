@@ -1,0 +1,264 @@
+//! Updates of the firmware image under QEMU (`make test-update`; slow under TCG, so not in `make
+//! test`): one box booted through OVMF and systemd-boot (boot counting needs the boot loader),
+//! its admin on SSH from the LAN, bundles from `make bundle` uploaded with scp. The bad bundles
+//! are made on the box from the uploaded good one (a few header bytes replaced, the last byte
+//! cut), so the data partition never holds two 100 MB files. tests/update_cli.rs checks the
+//! same command against a directory in milliseconds.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::bundle::Key;
+use common::vm::*;
+
+const BOOT_LIMIT: Duration = Duration::from_secs(900);
+/// The box's LAN address (common::vm::one_box_site) and the test's own on that LAN.
+const BOX: &str = "198.18.0.1";
+const ADMIN_HOST: &str = "198.18.0.250/24";
+const CONFIG: &str = "/etc/twinlease/twinlease.toml";
+
+fn env_path(name: &str) -> PathBuf {
+    let p = PathBuf::from(std::env::var_os(name).unwrap_or_else(|| panic!("{name} is not set: run make test-update")));
+    assert!(p.exists(), "{} does not exist", p.display());
+    p
+}
+
+struct UpdateBox {
+    net: OneBoxLan,
+    ssh: Ssh,
+    vm: Vm,
+    dir: tempfile::TempDir,
+}
+
+impl UpdateBox {
+    fn boot(name: &str) -> UpdateBox {
+        let net = one_box_lan();
+        net.lan.ns.ip(&format!("addr add {ADMIN_HOST} dev {}", net.lan.bridge));
+        let ssh = Ssh::new();
+        let site = one_box_site().file("authorized_keys", &ssh.authorized_keys());
+        let mut vm = Vm::start(name, &image(), Some(&site), Boot::Uefi, &net.host, &[&net.tap]);
+        vm.wait_console("twinlease-boot: system=", BOOT_LIMIT);
+        ssh.wait(&net.lan.ns, BOX, Duration::from_secs(120));
+        let dir = tempfile::Builder::new().prefix("tl-update-").tempdir().unwrap();
+        UpdateBox { net, ssh, vm, dir }
+    }
+
+    /// Runs `command` as admin; returns (success, stdout + stderr).
+    fn admin(&self, command: &str) -> (bool, String) {
+        let out = self.ssh.run(&self.net.lan.ns, BOX, command);
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    }
+
+    fn admin_ok(&self, command: &str) -> String {
+        let (ok, text) = self.admin(command);
+        assert!(ok, "{command}: {text}");
+        text
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.admin_ok("twinlease update status --json")).unwrap()
+    }
+
+    /// The lease table (address, hardware address, state), sorted: what an update must keep.
+    /// Read through the control socket (the admin group's): the admin may not open the
+    /// database beside the daemon (its directory is the service user's).
+    fn leases(&self) -> Vec<(String, String, String)> {
+        let response: serde_json::Value =
+            serde_json::from_str(&self.admin_ok(&format!("twinlease ctl -c {CONFIG} lease-list --json"))).unwrap();
+        let rows = response["arguments"]["leases"].as_array().unwrap_or_else(|| panic!("{response}"));
+        let field =
+            |r: &serde_json::Value, k: &str| r[k].as_str().map(str::to_string).unwrap_or_else(|| r[k].to_string());
+        let mut out: Vec<_> = rows.iter().map(|r| (field(r, "address"), field(r, "hw"), field(r, "state"))).collect();
+        out.sort();
+        out
+    }
+
+    fn lease(&self) -> String {
+        lease_within(&self.net.lan, 0, self.dir.path(), Duration::from_secs(120))
+    }
+
+    fn upload(&self, file: &Path, name: &str) -> Duration {
+        let start = Instant::now();
+        self.ssh.copy(&self.net.lan.ns, BOX, file, name);
+        start.elapsed()
+    }
+}
+
+fn release(b: &UpdateBox) -> String {
+    b.admin_ok("cat /usr/lib/twinlease/release").trim().to_string()
+}
+
+/// `printf` octal escapes for `bytes` (the box's shell writes them with dd).
+fn octal(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("\\{b:03o}")).collect()
+}
+
+#[test]
+#[ignore = "boots the firmware image: make test-update"]
+fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_kept() {
+    let bundle_path = env_path("TWINLEASE_BUNDLE");
+    let mut b = UpdateBox::boot("update");
+    let key = Key::existing(&env_path("TWINLEASE_BUNDLE_KEY"), b.dir.path());
+    let ip = b.lease();
+    let leases = b.leases();
+    assert!(leases.iter().any(|l| l.0 == ip), "{ip} not in {leases:?}");
+    let old = release(&b);
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["slots"][0]["state"].as_str()), (Some("a"), Some("good")), "{s}");
+
+    let upload = b.upload(&bundle_path, "new.bundle");
+    let good = std::fs::read(&bundle_path).unwrap();
+    eprintln!("update: bundle {} bytes uploaded in {upload:.1?}", good.len());
+    let header_len = 23 + u32::from_be_bytes(good[19..23].try_into().unwrap()) as usize + 64;
+    let dir = b.dir.path().to_path_buf();
+    let wrong_arch = common::bundle::for_arch(&good, "armv7l", &key, &dir);
+    assert_eq!(wrong_arch.len(), good.len(), "armv7l is as long as x86_64: the header keeps its length");
+    let flipped = common::bundle::flip_signature_bit(&good);
+    let disk = b.vm.disk();
+    let before = (partition_sha256(&disk, "root-b"), partition_sha256(&disk, "esp"));
+    // Each case rewrites the uploaded bundle in place, runs install, and restores it.
+    let put_header = |bytes: &[u8]| {
+        format!(
+            "printf '{}' | dd of=new.bundle bs={header_len} count=1 conv=notrunc status=none",
+            octal(&bytes[..header_len])
+        )
+    };
+    let cases = [
+        ("bad signature", put_header(&flipped), "bad signature", put_header(&good)),
+        ("wrong architecture", put_header(&wrong_arch), "the bundle is for armv7l", put_header(&good)),
+        (
+            "truncated",
+            "tail -c 1 new.bundle > last && truncate -s -1 new.bundle".to_string(),
+            "truncated bundle",
+            "cat last >> new.bundle".to_string(),
+        ),
+    ];
+    for (case, spoil, says, restore) in cases {
+        b.admin_ok(&spoil);
+        let (ok, text) = b.admin("twinlease update install new.bundle");
+        assert!(!ok && text.contains(says), "{case}: {text}");
+        b.admin_ok(&restore);
+        eprintln!("update: {case}: {}", text.trim());
+    }
+    b.admin_ok("sync");
+    assert_eq!(
+        (partition_sha256(&disk, "root-b"), partition_sha256(&disk, "esp")),
+        before,
+        "a refused bundle wrote slot b or the ESP"
+    );
+
+    // The good one, rebooting into it, while the box keeps serving: a client gets its lease
+    // again while the bundle is being checked and written.
+    let mark = b.vm.console_len();
+    let started = Instant::now();
+    let (out, renewed_during_install) = std::thread::scope(|scope| {
+        let install = scope.spawn(|| b.admin("twinlease update install new.bundle --reboot"));
+        assert_eq!(b.lease(), ip);
+        let during = !install.is_finished();
+        (install.join().unwrap(), during)
+    });
+    eprintln!("update: install: {} ({:.1?})", out.1.trim(), started.elapsed());
+    assert!(out.1.contains("written and read back"), "{}", out.1);
+    assert!(renewed_during_install, "the client's renewal finished only after the install");
+    let rebooted = Instant::now();
+    let (line, at) = b.vm.wait_console_after(mark, "twinlease-update: slot b (", BOOT_LIMIT);
+    assert!(line.contains("on trial"), "{line}");
+    let (line, _) = b.vm.wait_console_after(at, "marked good", BOOT_LIMIT);
+    eprintln!("update: reboot to marked good: {:.1?} ({line})", rebooted.elapsed());
+    b.ssh.wait(&b.net.lan.ns, BOX, Duration::from_secs(120));
+    let new = release(&b);
+    assert_ne!(new, old);
+    assert!(line.contains(&new), "{line} does not name {new}");
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["slots"][1]["state"].as_str()), (Some("b"), Some("good")), "{s}");
+    assert!(s["rollback"].is_null(), "{s}");
+    assert_eq!(b.leases(), leases, "the lease table changed across the update");
+    assert_eq!(b.lease(), ip, "the client's address changed across the update");
+}
+
+#[test]
+#[ignore = "boots the firmware image: make test-update"]
+fn a_broken_build_is_tried_three_times_then_the_old_slot_boots_and_says_so() {
+    let broken = env_path("TWINLEASE_BROKEN_BUNDLE");
+    let mut b = UpdateBox::boot("rollback");
+    let ip = b.lease();
+    let leases = b.leases();
+    let site = b.admin_ok(&format!("sha256sum {CONFIG}"));
+    let old = release(&b);
+    b.upload(&broken, "broken.bundle");
+    let mark = b.vm.console_len();
+    let started = Instant::now();
+    let (_, text) = b.admin("twinlease update install broken.bundle --reboot");
+    eprintln!("rollback: install: {}", text.trim());
+    let mut at = mark;
+    for n in 1..=3 {
+        let (line, next) = b.vm.wait_console_after(at, &format!("on trial: boot {n} of 3"), BOOT_LIMIT);
+        let (why, next) = b.vm.wait_console_after(next, "UNHEALTHY", Duration::from_secs(600));
+        eprintln!("rollback: {:.1?}: {line} / {why}", started.elapsed());
+        at = next;
+    }
+    let (line, _) = b.vm.wait_console_after(at, "ROLLBACK: slot b", BOOT_LIMIT);
+    eprintln!("rollback: install to rolled back: {:.1?} ({line})", started.elapsed());
+    b.ssh.wait(&b.net.lan.ns, BOX, Duration::from_secs(120));
+    assert_eq!(release(&b), old);
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["next_boot"].as_str()), (Some("a"), Some("a")), "{s}");
+    assert_eq!(
+        (s["rollback"]["from_slot"].as_str(), s["rollback"]["failed_boots"].as_u64()),
+        (Some("b"), Some(3)),
+        "{s}"
+    );
+    let human = b.admin_ok("twinlease update status");
+    assert!(human.contains("ROLLBACK: slot b"), "{human}");
+    assert_eq!(b.admin_ok(&format!("sha256sum {CONFIG}")), site);
+    assert_eq!(b.leases(), leases, "the lease table changed across the failed update");
+    assert_eq!(b.lease(), ip);
+}
+
+#[test]
+#[ignore = "boots the firmware image: make test-update"]
+fn a_power_cut_while_the_slot_is_written_leaves_the_old_slot_booting_and_a_new_install_works() {
+    let bundle_path = env_path("TWINLEASE_BUNDLE");
+    let mut b = UpdateBox::boot("powercut");
+    let old = release(&b);
+    b.upload(&bundle_path, "new.bundle");
+    b.admin_ok("sync");
+    // The install's first line comes after the check pass, when the writing starts.
+    let mut install = b
+        .net
+        .lan
+        .ns
+        .cmd("ssh")
+        .args(b.ssh.options())
+        .arg(format!("admin@{BOX}"))
+        .arg("twinlease update install new.bundle")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(install.stdout.take().unwrap()), &mut first).unwrap();
+    assert!(first.contains("check out"), "{first}");
+    std::thread::sleep(Duration::from_secs(2));
+    let mark = b.vm.console_len();
+    b.vm.power_cut();
+    let _ = install.kill();
+    let _ = install.wait();
+    eprintln!("powercut: cut 2 s into the write ({})", first.trim());
+    b.vm.power_on_again();
+    let (line, _) = b.vm.wait_console_after(mark, "twinlease-update: slot a (", BOOT_LIMIT);
+    assert!(line.contains("not on trial"), "{line}");
+    b.ssh.wait(&b.net.lan.ns, BOX, Duration::from_secs(120));
+    assert_eq!(release(&b), old);
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["next_boot"].as_str()), (Some("a"), Some("a")), "{s}");
+    assert!(s["slots"][1]["entry"].is_null(), "a half-written slot b has a boot entry: {s}");
+    let out = b.admin_ok("twinlease update install new.bundle");
+    assert!(out.contains("written and read back"), "{out}");
+    let s = b.status();
+    assert_eq!((s["next_boot"].as_str(), s["slots"][1]["state"].as_str()), (Some("b"), Some("trying")), "{s}");
+}

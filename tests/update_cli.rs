@@ -1,0 +1,222 @@
+//! `twinlease update` against a box's file system laid out in a directory (`--root`): the ESP
+//! with its boot entries, the two slots as files in place of partitions, the kernel command
+//! line. What systemd-boot does between boots (counting tries down) is done here by renaming
+//! the entry as it would. The firmware image under QEMU is tests/update.rs (make test-update).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::BIN;
+use common::bundle::{self, Key};
+
+const SLOT_BYTES: usize = 1 << 20;
+const OPTIONS: &str = "root=PARTLABEL=root-a rootfstype=squashfs ro console=ttyS0,115200 quiet";
+
+struct FakeBox {
+    dir: tempfile::TempDir,
+}
+
+impl FakeBox {
+    fn new() -> FakeBox {
+        let dir = tempfile::Builder::new().prefix("tl-upd-").tempdir().unwrap();
+        let b = FakeBox { dir };
+        for d in ["efi/loader/entries", "efi/slot-a", "dev/disk/by-partlabel", "proc", "run"] {
+            std::fs::create_dir_all(b.path(d)).unwrap();
+        }
+        std::fs::write(
+            b.path("efi/loader/entries/twinlease-1-a.conf"),
+            format!(
+                "title twinlease 1.0 (slot a)\nlinux /slot-a/vmlinuz\ninitrd /slot-a/initrd.img\noptions {OPTIONS}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(b.path("efi/slot-a/manifest"), "arch x86_64\nversion 1.0\n").unwrap();
+        std::fs::write(b.path("dev/disk/by-partlabel/root-a"), vec![0xaa; SLOT_BYTES]).unwrap();
+        std::fs::write(b.path("dev/disk/by-partlabel/root-b"), vec![0xbb; SLOT_BYTES]).unwrap();
+        b.boot(OPTIONS);
+        b
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    /// The command line the "boot loader" started the kernel with.
+    fn boot(&self, cmdline: &str) {
+        std::fs::write(self.path("proc/cmdline"), format!("{cmdline}\n")).unwrap();
+    }
+
+    fn update(&self, args: &[&str]) -> Output {
+        Command::new(BIN).arg("update").arg("--root").arg(self.dir.path()).args(args).output().unwrap()
+    }
+
+    fn install(&self, bundle: &[u8], key: &Key) -> Output {
+        let file = self.path("upload.bundle");
+        std::fs::write(&file, bundle).unwrap();
+        self.update(&["install", file.to_str().unwrap(), "--key", key.public.to_str().unwrap()])
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let out = self.update(&["status", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Every file of the ESP and the inactive slot, by path: what "nothing written" compares.
+    fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        snapshot_into(&self.path("efi"), &mut out);
+        out.insert("root-b".into(), std::fs::read(self.path("dev/disk/by-partlabel/root-b")).unwrap());
+        out
+    }
+
+    fn entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path("efi/loader/entries"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// What systemd-boot does before starting an entry with tries left: count one down.
+    fn rename_entry(&self, from: &str, to: &str) {
+        let dir = self.path("efi/loader/entries");
+        std::fs::rename(dir.join(from), dir.join(to)).unwrap();
+    }
+}
+
+fn snapshot_into(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            snapshot_into(&p, out);
+        } else {
+            out.insert(p.clone(), std::fs::read(&p).unwrap());
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+const ROOT: &[u8] = b"a squashfs image would be here";
+const KERNEL: &[u8] = b"vmlinuz";
+const INITRD: &[u8] = b"initrd";
+
+#[test]
+fn bad_bundles_are_refused_before_anything_is_written() {
+    let b = FakeBox::new();
+    let key = Key::generate(b.dir.path(), "product");
+    let other = Key::generate(b.dir.path(), "other");
+    let good = bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]);
+    let big_root = vec![7u8; SLOT_BYTES + 1];
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("flipped signature bit", bundle::flip_signature_bit(&good), "bad signature"),
+        (
+            "signed by another key",
+            bundle::make(&other, b.dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]),
+            "bad signature",
+        ),
+        ("truncated by one byte", good[..good.len() - 1].to_vec(), "truncated bundle"),
+        ("truncated inside the manifest", good[..30].to_vec(), "truncated bundle"),
+        ("another architecture", bundle::for_arch(&good, "riscv64", &key, b.dir.path()), "the bundle is for riscv64"),
+        ("one byte more", [good.clone(), vec![0]].concat(), "after the last payload"),
+        ("not a bundle", b"#!/bin/sh\necho not a bundle at all\n".to_vec(), "not a twinlease bundle"),
+        (
+            "root larger than the slot",
+            bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", [&big_root, KERNEL, INITRD]),
+            "slot b holds",
+        ),
+    ];
+    let before = b.snapshot();
+    for (case, bytes, says) in cases {
+        let out = b.install(&bytes, &key);
+        assert!(!out.status.success(), "{case}: installed:\n{}", text(&out));
+        assert!(text(&out).contains(says), "{case}: expected {says:?} in:\n{}", text(&out));
+        assert!(b.snapshot() == before, "{case}: the ESP or slot b changed");
+    }
+}
+
+#[test]
+fn install_boot_counting_rollback_and_mark_good() {
+    let b = FakeBox::new();
+    let key = Key::generate(b.dir.path(), "product");
+    let bundle = bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]);
+    let root_a = std::fs::read(b.path("dev/disk/by-partlabel/root-a")).unwrap();
+
+    let out = b.install(&bundle, &key);
+    assert!(out.status.success(), "{}", text(&out));
+    let slot_b = std::fs::read(b.path("dev/disk/by-partlabel/root-b")).unwrap();
+    assert_eq!(&slot_b[..ROOT.len()], ROOT);
+    assert_eq!(std::fs::read(b.path("dev/disk/by-partlabel/root-a")).unwrap(), root_a, "the running slot was written");
+    assert_eq!(std::fs::read(b.path("efi/slot-b/vmlinuz")).unwrap(), KERNEL);
+    assert_eq!(std::fs::read(b.path("efi/slot-b/initrd.img")).unwrap(), INITRD);
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-2-b+3.conf"]);
+    let entry = std::fs::read_to_string(b.path("efi/loader/entries/twinlease-2-b+3.conf")).unwrap();
+    assert!(entry.contains(&format!("options {}", OPTIONS.replace("root-a", "root-b"))), "{entry}");
+    assert!(entry.contains("linux /slot-b/vmlinuz"), "{entry}");
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["next_boot"].as_str()), (Some("a"), Some("b")), "{s}");
+    assert_eq!(s["slots"][1]["state"], "trying");
+    assert_eq!(s["slots"][1]["version"], "2.0");
+    assert_eq!(s["slots"][1]["tries_left"], 3);
+
+    // Three boots of slot b that never got healthy: systemd-boot leaves +0-3, boots slot a.
+    b.rename_entry("twinlease-2-b+3.conf", "twinlease-2-b+0-3.conf");
+    let s = b.status();
+    assert_eq!(s["next_boot"], "a", "{s}");
+    assert_eq!(s["slots"][1]["state"], "bad");
+    assert_eq!(s["rollback"]["from_slot"], "b");
+    assert_eq!(s["rollback"]["failed_boots"], 3);
+    let human = b.update(&["status"]);
+    assert!(
+        text(&human).contains("ROLLBACK: slot b (2.0) failed 3 boots; slot a (1.0) runs again"),
+        "{}",
+        text(&human)
+    );
+    let health = b.update(&["health", "--config", b.path("none.toml").to_str().unwrap(), "--timeout", "1"]);
+    assert!(text(&health).contains("ROLLBACK"), "{}", text(&health));
+
+    // Installed again (a new generation), this time slot b comes up: on its first boot (+2-1)
+    // it is marked good.
+    let out = b.install(&bundle, &key);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-3-b+3.conf"]);
+    b.rename_entry("twinlease-3-b+3.conf", "twinlease-3-b+2-1.conf");
+    b.boot(&OPTIONS.replace("root-a", "root-b"));
+    let out = b.update(&["mark-good"]);
+    assert!(out.status.success() && text(&out).contains("slot b (2.0) marked good"), "{}", text(&out));
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-3-b.conf"]);
+    let s = b.status();
+    assert_eq!((s["booted"].as_str(), s["next_boot"].as_str()), (Some("b"), Some("b")), "{s}");
+    assert_eq!(s["slots"][1]["state"], "good");
+    assert!(s["rollback"].is_null());
+
+    // The next install goes to slot a, generation 4: it sorts first.
+    let out = b.install(&bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "3.0", [ROOT, KERNEL, INITRD]), &key);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(b.entries(), ["twinlease-3-b.conf", "twinlease-4-a+3.conf"]);
+    assert_eq!(b.status()["next_boot"], "a");
+}
+
+#[test]
+fn the_last_try_is_still_a_trial_and_may_be_marked_good() {
+    let b = FakeBox::new();
+    let key = Key::generate(b.dir.path(), "product");
+    let bundle = bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]);
+    assert!(b.install(&bundle, &key).status.success());
+    // systemd-boot counted the third try down before starting it: +0-3 is running.
+    b.rename_entry("twinlease-2-b+3.conf", "twinlease-2-b+0-3.conf");
+    b.boot(&OPTIONS.replace("root-a", "root-b"));
+    // Without a site configuration the boot is the check (the daemon is not started at all).
+    let health = b.update(&["health", "--config", b.path("none.toml").to_str().unwrap(), "--timeout", "1"]);
+    assert!(health.status.success(), "{}", text(&health));
+    assert!(text(&health).contains("slot b (2.0) on trial: boot 3 of 3"), "{}", text(&health));
+    assert!(b.update(&["mark-good"]).status.success());
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-2-b.conf"]);
+}
