@@ -25,12 +25,17 @@ use std::time::Duration;
 
 const FILE: &str = "election-promise";
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// The same id handed over by systemd (`Environment=TWINLEASE_BOOT_ID=%b` in the unit): the
+/// unit's `ProcSubset=pid` hides /proc/sys from the daemon.
+const BOOT_ID_VAR: &str = "TWINLEASE_BOOT_ID";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PromiseError {
     #[error("cannot record the standby promise in {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("cannot read the kernel's boot id ({BOOT_ID}): {0}")]
+    #[error(
+        "cannot read the kernel's boot id ({BOOT_ID}): {0}; under a sandbox that hides /proc/sys, set {BOOT_ID_VAR} (systemd: Environment={BOOT_ID_VAR}=%b)"
+    )]
     BootId(std::io::Error),
 }
 
@@ -66,7 +71,7 @@ pub struct PromiseFile {
 
 impl PromiseFile {
     pub fn new(state_dir: &Path) -> Result<PromiseFile, PromiseError> {
-        let boot_id = std::fs::read_to_string(BOOT_ID).map_err(PromiseError::BootId)?.trim().to_string();
+        let boot_id = boot_id(std::fs::read_to_string(BOOT_ID), std::env::var(BOOT_ID_VAR).ok())?;
         Ok(PromiseFile { path: state_dir.join(FILE), boot_id, recorded: None })
     }
 
@@ -110,6 +115,18 @@ impl PromiseFile {
             std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
         }
         Ok(())
+    }
+}
+
+/// This boot's id from the kernel or, where /proc/sys is hidden, from systemd. Both spellings
+/// (the kernel's dashed UUID, systemd's 32 hex digits) become the same word, so a process that
+/// read one and a later process that read the other agree on the boot.
+fn boot_id(kernel: std::io::Result<String>, handed_over: Option<String>) -> Result<String, PromiseError> {
+    let normal = |s: &str| s.trim().chars().filter(|c| *c != '-').collect::<String>().to_ascii_lowercase();
+    match (kernel, handed_over) {
+        (Ok(id), _) => Ok(normal(&id)),
+        (Err(_), Some(id)) if !normal(&id).is_empty() => Ok(normal(&id)),
+        (Err(e), _) => Err(PromiseError::BootId(e)),
     }
 }
 
@@ -169,6 +186,18 @@ mod tests {
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    #[test]
+    fn the_boot_id_comes_from_the_kernel_or_from_systemd_in_one_spelling() {
+        let hidden = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let kernel = boot_id(Ok("5D1B6E2A-0c4f-4b8e-9a51-3f2e8d7c6b10\n".into()), None).unwrap();
+        assert_eq!(kernel, "5d1b6e2a0c4f4b8e9a513f2e8d7c6b10");
+        let systemd = boot_id(hidden(), Some("5d1b6e2a0c4f4b8e9a513f2e8d7c6b10".into())).unwrap();
+        assert_eq!(systemd, kernel);
+        let err = boot_id(hidden(), Some(" ".into())).unwrap_err().to_string();
+        assert!(err.contains("Environment=TWINLEASE_BOOT_ID=%b"), "{err}");
+        assert!(boot_id(hidden(), None).is_err());
     }
 
     #[test]
