@@ -191,6 +191,138 @@ fn only_the_admin_group_may_act_and_only_the_status_group_may_read() {
     assert!(srv.log_text().contains("status and control sockets open"));
 }
 
+/// `leases` (or `conflicts`) with `args`, as root reading the store: no box answers in an empty
+/// runtime directory.
+fn from_store(srv: &Server, args: &[&str]) -> String {
+    let nobody_home = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--config")
+        .arg(&srv.config)
+        .arg("--runtime-dir")
+        .arg(nobody_home.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The table without its REMAINING column (third from the right), which moves with the clock.
+fn without_remaining(table: &str) -> Vec<Vec<String>> {
+    let row = |l: &str| {
+        let mut t: Vec<String> = l.split_whitespace().map(str::to_string).collect();
+        if t.len() > 3 {
+            t.remove(t.len() - 3);
+        }
+        t
+    };
+    table.lines().map(row).collect()
+}
+
+/// A `--json` lease array without "remaining_secs" (checked against "expires" first).
+fn without_remaining_secs(json: &str) -> Vec<serde_json::Value> {
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+    // Laid out as serde_json pretty-prints the whole array, whoever produced it.
+    assert_eq!(json, serde_json::to_string_pretty(&rows).unwrap() + "\n");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for r in &mut rows {
+        let left = r["expires"].as_u64().unwrap().saturating_sub(now);
+        let said = r.as_object_mut().unwrap().remove("remaining_secs").unwrap().as_u64().unwrap();
+        assert!(said.abs_diff(left) <= 60, "remaining {said} s, expected about {left}: {r}");
+    }
+    rows
+}
+
+/// The unit keeps the state directory and the database to the service user (0750, umask 0077),
+/// so an administrator (the admin group, not the status group) cannot read them; `twinlease
+/// leases` and `conflicts` then ask the running box over the control socket and print what the
+/// store holds, in the same table and JSON, a table of 65,536 leases too. Without either group,
+/// or with the box stopped, the error says what to do.
+#[test]
+fn the_admin_group_reads_leases_and_conflicts_through_the_control_socket() {
+    use twinlease::lease::{Binding, ClientKey, LeaseState, Transition};
+    use twinlease::store::{ConflictKind, ConflictRecord, LeaseStore};
+    let lan = Lan::new("198.18.0.1/15");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let control = "[control]\nstatus_group = \"users\"\nadmin_group = \"staff\"\n";
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/15\"\n\
+         pools = [\"198.18.0.10-198.19.0.9\"]\nlease_secs = 3600\n{control}",
+        lan.bridge
+    );
+    // Every pool address has a row: leased, but each 16th free with a history (`--all` only).
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let (mut store, _) = LeaseStore::open(&state.join("leases.db"), 1).unwrap();
+    let binding = |i: u32| {
+        let mut b = Binding::fresh(std::net::Ipv4Addr::from(0xc612_000a + i));
+        b.state = if i.is_multiple_of(16) { LeaseState::Free } else { LeaseState::Leased };
+        b.owner = Some(ClientKey::from_hw(1, &[2, 0, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8]));
+        b.hw = vec![2, 0, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+        b.hostname = i.is_multiple_of(3).then(|| format!("host-{i}"));
+        b.expires = 4_000_000_000 + u64::from(i);
+        b.cltt = 1_700_000_000;
+        b.version = 1;
+        b.term = 1;
+        b
+    };
+    let rows: Vec<Transition> =
+        (0..65_536u32).map(|i| Transition { expect_version: 0, expect_owner: None, new: binding(i) }).collect();
+    let conflict =
+        ConflictRecord { at: 1_700_000_100, kind: ConflictKind::Address, winner: binding(1), loser: binding(2) };
+    store.commit_with(&rows.iter().collect::<Vec<_>>(), &[], &[conflict]).unwrap();
+    drop(store);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    srv.wait_until("the table loaded", Duration::from_secs(20), |s| s.subnets[0].leased == 61_440);
+
+    let as_gid = |gid: &str| vec!["--reuid=65534".to_string(), format!("--regid={gid}"), "--clear-groups".into()];
+    let admin = as_gid("staff");
+    let admin: Vec<&str> = admin.iter().map(String::as_str).collect();
+    let out = cli(&srv, &["ctl", "version-get"], &admin);
+    assert!(out.status.success(), "the admin reaches the control socket: {}", text(&out));
+    let out = Command::new("setpriv").args(&admin).arg("cat").arg(state.join("leases.db")).output().unwrap();
+    assert!(!out.status.success(), "the admin must not read the database itself");
+
+    for (args, entries) in [(&["leases"][..], 61_440), (&["leases", "--all"][..], 65_536)] {
+        let out = cli(&srv, args, &admin);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        let got = String::from_utf8(out.stdout).unwrap();
+        assert!(got.ends_with(&format!("\n{entries} entries\n")), "{args:?}: {}", &got[got.len() - 200..]);
+        assert_eq!(without_remaining(&got), without_remaining(&from_store(&srv, args)), "{args:?}");
+    }
+    for args in [&["leases", "--json"][..], &["leases", "--json", "--all"][..]] {
+        let out = cli(&srv, args, &admin);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        let got = without_remaining_secs(&String::from_utf8(out.stdout).unwrap());
+        assert_eq!(got.len(), if args.len() == 3 { 65_536 } else { 61_440 });
+        assert!(got == without_remaining_secs(&from_store(&srv, args)), "{args:?}: differs from the store");
+    }
+    for args in [&["conflicts"][..], &["conflicts", "--json"][..]] {
+        let out = cli(&srv, args, &admin);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), from_store(&srv, args), "{args:?}");
+    }
+    let listed = from_store(&srv, &["conflicts"]);
+    assert!(
+        listed.contains("address-held-by-two-clients: kept 198.18.0.11 for") && listed.ends_with("\n1 conflicts\n"),
+        "{listed}"
+    );
+
+    // A user in neither group may use neither socket nor read the store.
+    let nobody = as_gid("nogroup");
+    let nobody: Vec<&str> = nobody.iter().map(String::as_str).collect();
+    let out = cli(&srv, &["leases"], &nobody);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("Add the user to group users (or staff)"), "{}", text(&out));
+    // With the box stopped only the store is left, and only root may read it.
+    srv.stop();
+    let out = cli(&srv, &["leases", "--json"], &admin);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("not running") && text(&out).contains("as root"), "{}", text(&out));
+}
+
 /// The role and the arbiter's primary as one box's status has them.
 fn sees(srv: &Server) -> (String, Option<String>) {
     let s = srv.status();

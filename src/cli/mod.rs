@@ -52,12 +52,16 @@ pub(crate) enum Command {
         #[arg(long)]
         skip_secret_files: bool,
     },
-    /// Show the lease table (read-only; safe while the server runs).
+    /// Show the lease table (read-only): asks the running box over its status or control
+    /// socket, or reads the lease database when the box does not run.
     Leases {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        /// Where the box's sockets are, if not at [control] runtime_dir.
+        #[arg(long, value_name = "DIR")]
+        runtime_dir: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -129,12 +133,16 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: ArbiterCommand,
     },
-    /// Show the lease conflicts lease sync resolved (both bindings and which one was kept).
+    /// Show the lease conflicts lease sync resolved (both bindings and which one was kept); like
+    /// `leases`, from the running box or, when it does not run, from the lease database.
     Conflicts {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        /// Where the box's sockets are, if not at [control] runtime_dir.
+        #[arg(long, value_name = "DIR")]
+        runtime_dir: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -209,8 +217,12 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Arbiter { command: ArbiterCommand::Init { config } } => arbiter::init(&Config::load(&config)?).await,
         Command::Arbiter { command: ArbiterCommand::Schema { config } } => arbiter::schema(&Config::load(&config)?),
-        Command::Conflicts { config, state_dir, json } => report::conflicts(&load(&config, state_dir)?, json),
-        Command::Leases { config, state_dir, json, all } => report::leases(&load(&config, state_dir)?, json, all),
+        Command::Conflicts { config, state_dir, runtime_dir, json } => {
+            report::conflicts(&load(&config, state_dir, runtime_dir)?, json)
+        }
+        Command::Leases { config, state_dir, runtime_dir, json, all } => {
+            report::leases(&load(&config, state_dir, runtime_dir)?, json, all)
+        }
         Command::Status { config, runtime_dir, json, format } => {
             status::status(&with_runtime_dir(&config, runtime_dir)?, json, format)
         }
@@ -230,9 +242,10 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A configuration file, with `--state-dir` in place of `[node] state_dir` when given.
-fn load(config: &Path, state_dir: Option<PathBuf>) -> anyhow::Result<Config> {
-    Ok(Config::load(config)?.with_overrides(Overrides { state_dir, runtime_dir: None }))
+/// A configuration file, with `--state-dir` and `--runtime-dir` in place of `[node] state_dir`
+/// and `[control] runtime_dir` when given.
+fn load(config: &Path, state_dir: Option<PathBuf>, runtime_dir: Option<PathBuf>) -> anyhow::Result<Config> {
+    Ok(Config::load(config)?.with_overrides(Overrides { state_dir, runtime_dir }))
 }
 
 /// A configuration file, with `--runtime-dir` in place of `[control] runtime_dir` when given.

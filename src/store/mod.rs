@@ -288,6 +288,27 @@ impl LeaseStore {
         Ok(())
     }
 
+    /// One page of the table for the control sockets' `lease-list`: at most `limit` bindings
+    /// after `after` in address order, free ones only with `free`. The address is the rowid, so a
+    /// page costs a range read, however deep into the table it starts.
+    pub fn bindings_after(
+        &self,
+        after: Option<Ipv4Addr>,
+        limit: usize,
+        free: bool,
+    ) -> Result<Vec<StoredBinding>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM lease WHERE addr > ?1 AND (?2 OR state != ?3) ORDER BY addr LIMIT ?4"
+        ))?;
+        let after = after.map_or(-1, |a| i64::from(u32::from(a)));
+        let rows = stmt.query_map(params![after, free, LeaseState::Free.code(), limit as i64], row_to_binding)?;
+        let mut out = Vec::with_capacity(limit.min(4096));
+        for r in rows {
+            out.push(r??);
+        }
+        Ok(out)
+    }
+
     pub fn get(&self, addr: Ipv4Addr) -> Result<Option<StoredBinding>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM lease WHERE addr = ?1"))?;
         stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()

@@ -16,11 +16,15 @@ use crate::events::EventKind;
 use crate::lease::{Binding, LeaseState, fmt_hw};
 use crate::server::eligibility::Maintenance;
 use crate::server::engine::EngineCommand;
-use crate::store::{LeaseStore, StoredBinding};
+use crate::store::{ConflictRecord, LeaseStore, StoredBinding};
 
 /// Commands anyone allowed on the status socket may send.
 pub const READ_ONLY: &[&str] =
     &["list-commands", "version-get", "status-get", "lease-get", "lease-list", "conflicts-get"];
+/// Most leases one `lease-list` page carries (about 300 bytes each as JSON).
+pub const MAX_PAGE: usize = 1000;
+/// Unpaged `lease-list` answers being built (see there).
+static WHOLE_TABLE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 /// Commands only the control socket accepts.
 pub const ACTIONS: &[&str] = &["step-down", "maintenance", "sync-from-partner", "reload", "partner-down"];
 
@@ -99,38 +103,77 @@ impl Handlers {
         if key == "address" {
             value.parse::<Ipv4Addr>().map_err(|_| Response::error(format!("'{value}' is not an IPv4 address")))?;
         }
-        let rows = self.with_store(|s| s.load_all()).await?;
-        let found: Vec<Value> = rows
-            .iter()
-            .filter(|r| matches(&r.binding, key, &value))
-            .map(|r| lease_json(r, crate::clock::unix_now()))
-            .collect();
+        let now = crate::clock::unix_now();
+        let wanted = value.clone();
+        let found = self
+            .with_store(move |s| {
+                let mut found = Vec::new();
+                s.for_each_binding(|r| {
+                    if matches(&r.binding, key, &wanted) {
+                        found.push(lease_json(&r, now));
+                    }
+                })?;
+                Ok(found)
+            })
+            .await?;
         match found.len() {
             0 => Ok(Response::empty(format!("no lease with {key} {value}"))),
             n => Ok(Response::success(format!("{n} lease(s) with {key} {value}"), json!({ "leases": found }))),
         }
     }
 
-    /// Every binding in use ("all": also free addresses with a history).
+    /// Every binding in use ("all": also free addresses with a history). With "limit", one page:
+    /// at most that many (up to [`MAX_PAGE`]) after the address "from" (from the start without
+    /// it), and "next", the "from" of the following page, while there may be more. Paged, a table
+    /// of any size costs the daemon one page of memory per client at a time; without "limit" the
+    /// whole table comes in one answer, as protocol 1 clients expect.
     async fn lease_list(&self, req: &Request) -> Result<Response, Response> {
         let all = req.flag("all")?;
-        let rows = self.with_store(|s| s.load_all()).await?;
         let now = crate::clock::unix_now();
-        let v: Vec<Value> =
-            rows.iter().filter(|r| all || r.binding.state != LeaseState::Free).map(|r| lease_json(r, now)).collect();
-        Ok(Response::success(format!("{} leases", v.len()), json!({ "leases": v })))
+        let Some(limit) = req.number("limit")? else {
+            // A whole table of 65,536 leases costs some 350 MB while it is built as one answer:
+            // one such answer is built at a time, so clients asking together do not multiply it.
+            let _turn = WHOLE_TABLE.acquire().await.map_err(|_| stopped())?;
+            let v = self
+                .with_store(move |s| {
+                    let mut v = Vec::new();
+                    s.for_each_binding(|r| {
+                        if all || r.binding.state != LeaseState::Free {
+                            v.push(lease_json(&r, now));
+                        }
+                    })?;
+                    Ok(v)
+                })
+                .await?;
+            return Ok(Response::success(format!("{} leases", v.len()), json!({ "leases": v })));
+        };
+        let limit = match usize::try_from(limit) {
+            Ok(n @ 1..=MAX_PAGE) => n,
+            _ => return Err(Response::error(format!("limit must be 1 to {MAX_PAGE}"))),
+        };
+        let from = match req.text("from")? {
+            None => None,
+            Some(a) => {
+                Some(a.parse::<Ipv4Addr>().map_err(|_| Response::error(format!("from '{a}' is not an IPv4 address")))?)
+            }
+        };
+        let rows = self.with_store(move |s| s.bindings_after(from, limit, all)).await?;
+        let next = rows.last().filter(|_| rows.len() == limit).map(|r| r.binding.addr.to_string());
+        let leases: Vec<Value> = rows.iter().map(|r| lease_json(r, now)).collect();
+        let text = match &next {
+            Some(n) => format!("{} leases; more from {n}", leases.len()),
+            None => format!("{} leases; no more", leases.len()),
+        };
+        let mut arguments = json!({ "leases": leases });
+        if let Some(n) = next {
+            arguments["next"] = Value::String(n);
+        }
+        Ok(Response::success(text, arguments))
     }
 
     async fn conflicts(&self) -> Result<Response, Response> {
         let list = self.with_store(|s| s.conflicts()).await?;
-        let side = |b: &Binding| {
-            json!({"address": b.addr.to_string(), "state": b.state.name(), "client": b.owner.as_ref().map(|o| o.to_string()),
-                   "expires": b.expires, "cltt": b.cltt, "term": b.term})
-        };
-        let v: Vec<Value> = list
-            .iter()
-            .map(|c| json!({"at": c.at, "kind": c.kind.name(), "winner": side(&c.winner), "loser": side(&c.loser)}))
-            .collect();
+        let v: Vec<Value> = list.iter().map(conflict_json).collect();
         Ok(Response::success(format!("{} conflicts", v.len()), json!({ "conflicts": v })))
     }
 
@@ -309,5 +352,20 @@ pub fn lease_json(r: &StoredBinding, now: u64) -> Value {
         "version": b.version,
         "term": b.term,
         "synced": r.synced(),
+    })
+}
+
+/// A resolved conflict as every client of the sockets (and `twinlease conflicts --json`) shows
+/// it: both sides and which one was kept.
+pub fn conflict_json(c: &ConflictRecord) -> Value {
+    let side = |b: &Binding| {
+        json!({
+            "address": b.addr.to_string(), "state": b.state.name(), "client": b.owner.as_ref().map(|o| o.to_string()),
+            "expires": b.expires, "cltt": b.cltt, "term": b.term,
+        })
+    };
+    let at_utc = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.at));
+    json!({
+        "at": c.at, "at_utc": at_utc.to_string(), "kind": c.kind.name(), "winner": side(&c.winner), "loser": side(&c.loser),
     })
 }

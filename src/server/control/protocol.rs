@@ -99,6 +99,16 @@ impl Request {
         }
     }
 
+    /// A whole-number argument, if given.
+    pub fn number(&self, key: &str) -> Result<Option<u64>, Response> {
+        match self.arguments.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                v.as_u64().map(Some).ok_or_else(|| Response::error(format!("argument '{key}' must be a whole number")))
+            }
+        }
+    }
+
     /// A boolean argument, false if absent.
     pub fn flag(&self, key: &str) -> Result<bool, Response> {
         match self.arguments.get(key) {

@@ -166,6 +166,38 @@ async fn leases_are_found_by_address_hardware_address_and_hostname() {
     assert_eq!(r.arguments.unwrap()["leases"].as_array().unwrap().len(), 1);
 }
 
+/// `lease-list` with "limit" pages through the table in address order: "next" is where the
+/// following page starts, absent on the last page; bad pages are refused.
+#[tokio::test]
+async fn lease_list_pages_through_the_table() {
+    let lab = Lab::start();
+    let mut leased = Vec::new();
+    for n in [5, 1, 3] {
+        leased.push(lab.lease(n).await.to_string());
+    }
+    leased.sort_by_key(|a| a.parse::<std::net::Ipv4Addr>().unwrap());
+    let lab = &lab;
+    let page = |args: Value| async move {
+        let r = lab.ask("lease-list", args, READER).await;
+        assert_eq!(r.result, SUCCESS, "{}", r.text);
+        let a = r.arguments.unwrap();
+        let got: Vec<String> =
+            a["leases"].as_array().unwrap().iter().map(|l| l["address"].as_str().unwrap().to_string()).collect();
+        (got, a.get("next").and_then(Value::as_str).map(str::to_string))
+    };
+    let (first, next) = page(json!({"limit": 2})).await;
+    assert_eq!((first.as_slice(), next.as_deref()), (&leased[..2], Some(leased[1].as_str())));
+    let (second, next) = page(json!({"limit": 2, "from": next.unwrap()})).await;
+    assert_eq!((second.as_slice(), next), (&leased[2..], None));
+    // A page that ends exactly at the end says "next"; the page after it is empty.
+    let (all, next) = page(json!({"limit": 3})).await;
+    assert_eq!((all, next.as_deref()), (leased.clone(), Some(leased[2].as_str())));
+    assert_eq!(page(json!({"limit": 3, "from": leased[2].clone()})).await, (vec![], None));
+    for bad in [json!({"limit": 0}), json!({"limit": 1001}), json!({"limit": "2"}), json!({"limit": 2, "from": "x"})] {
+        assert_eq!(lab.ask("lease-list", bad.clone(), READER).await.result, ERROR, "{bad}");
+    }
+}
+
 #[tokio::test]
 async fn actions_need_the_control_socket_and_unknown_commands_are_unsupported() {
     let lab = Lab::start();
