@@ -572,18 +572,32 @@ mod tests {
         }
     }
 
-    /// The pair's checks in `make test`: 5 s of real time (the deep run goes to 7 s).
+    /// The pair's checks in `make test`: 5 s of real time (the deep runs add faults, not time).
     fn pair() -> Bounds {
         Bounds { horizon: 10, ..base(LeaseRule::ConfirmedHeartbeat) }
     }
 
-    fn holds(name: &str, b: Bounds) -> usize {
+    /// Explores `b` and prints its states and time; a violation comes back as its trace.
+    fn explore(name: &str, b: Bounds) -> (usize, Option<String>) {
+        let started = std::time::Instant::now();
         let r = check(b);
-        eprintln!("{name}: {} states, at most one active", r.states);
-        if let Some(cx) = r.violation {
-            panic!("{name}: two active nodes:\n  {}", cx.trace.join("\n  "));
+        let took = started.elapsed();
+        let Some(cx) = r.violation else {
+            eprintln!("{name}: {} states in {took:.1?}, at most one active", r.states);
+            return (r.states, None);
+        };
+        let found =
+            format!("{name}: two active nodes after {} states in {took:.1?}:\n  {}", r.states, cx.trace.join("\n  "));
+        eprintln!("{found}");
+        (r.states, Some(found))
+    }
+
+    fn holds(name: &str, b: Bounds) -> usize {
+        let (states, violation) = explore(name, b);
+        if let Some(found) = violation {
+            panic!("{found}");
         }
-        r.states
+        states
     }
 
     /// The seed's rule: writes fail while reads still succeed, then the active's link goes.
@@ -623,34 +637,52 @@ mod tests {
         assert!(holds("crash + restart", Bounds { crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) }) > 1000);
     }
 
-    /// Deeper bounds (minutes, ~2 GB): `make model-check`.
+    /// The arbiter's lease alone (no peer link: the protocol the seed had, and a box's without
+    /// a partner) at 7 s of real time.
+    fn arbiter_only() -> Bounds {
+        Bounds { peer_link: false, ..base(LeaseRule::ConfirmedHeartbeat) }
+    }
+
+    /// The pair with its peer link, at the 5 s of `pair()` but with more faults. The peer link's
+    /// messages multiply the states (about 1.6 kB each): the ceiling keeps one case near 8 GB.
+    fn deep_pair() -> Bounds {
+        Bounds { max_states: 5_000_000, ..pair() }
+    }
+
+    /// Deeper bounds (minutes, up to ~8 GB; figures in the README): `make model-check`. Every
+    /// case runs, one after the other, and every violation is reported, not just the first.
     #[test]
     #[ignore = "slow; run with `make model-check`"]
     fn deep_ours_holds_with_more_faults() {
-        holds("deep: 2 losses + 2 delays", Bounds { losses: 2, delays: 2, ..base(LeaseRule::ConfirmedHeartbeat) });
-        holds("deep: crash + delay", Bounds { crashes: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) });
-        holds(
-            "deep: writes + link + loss",
-            Bounds { write_toggles: 2, link_toggles: 2, losses: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
-        );
-        holds(
-            "deep: three nodes, crash",
-            Bounds { nodes: 3, horizon: 12, crashes: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
-        );
-        let pair = base(LeaseRule::ConfirmedHeartbeat);
-        holds(
-            "deep: pair, arbiter x2 + peer x2 + loss + dup",
-            Bounds { arbiter_toggles: 2, peer_toggles: 2, losses: 1, dups: 1, ..pair },
-        );
-        holds("deep: pair, arbiter x2 + crash + delay", Bounds { arbiter_toggles: 2, crashes: 1, delays: 1, ..pair });
-        holds(
-            "deep: pair, link + writes + peer + loss",
-            Bounds { link_toggles: 1, write_toggles: 2, peer_toggles: 1, losses: 1, ..pair },
-        );
-        holds(
-            "deep: three nodes, loss + delay",
-            Bounds { nodes: 3, horizon: 10, losses: 1, delays: 1, ..base(LeaseRule::ConfirmedHeartbeat) },
-        );
+        let cases = [
+            ("deep: 2 losses + 2 delays", Bounds { losses: 2, delays: 2, ..arbiter_only() }),
+            ("deep: crash + delay", Bounds { crashes: 1, delays: 1, ..arbiter_only() }),
+            ("deep: writes + link + loss", Bounds { write_toggles: 2, link_toggles: 2, losses: 1, ..arbiter_only() }),
+            ("deep: three nodes, crash", Bounds { nodes: 3, horizon: 12, crashes: 1, ..arbiter_only() }),
+            (
+                "deep: three nodes, loss + delay",
+                Bounds { nodes: 3, horizon: 10, losses: 1, delays: 1, ..arbiter_only() },
+            ),
+            // A loss and a duplicate together pass 5 million states (8 GB) here: one each.
+            (
+                "deep: pair, arbiter x2 + peer x2 + loss",
+                Bounds { arbiter_toggles: 2, peer_toggles: 2, losses: 1, ..deep_pair() },
+            ),
+            (
+                "deep: pair, arbiter x2 + peer x2 + dup",
+                Bounds { arbiter_toggles: 2, peer_toggles: 2, dups: 1, ..deep_pair() },
+            ),
+            (
+                "deep: pair, arbiter x2 + crash + delay",
+                Bounds { arbiter_toggles: 2, crashes: 1, delays: 1, ..deep_pair() },
+            ),
+            (
+                "deep: pair, link + writes + peer + loss",
+                Bounds { link_toggles: 1, write_toggles: 2, peer_toggles: 1, losses: 1, ..deep_pair() },
+            ),
+        ];
+        let violations: Vec<String> = cases.into_iter().filter_map(|(name, b)| explore(name, b).1).collect();
+        assert!(violations.is_empty(), "{}", violations.join("\n"));
     }
 
     /// The pair's branch WAN fails and returns: the arbiter goes away from both boxes and comes
