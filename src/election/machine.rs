@@ -563,7 +563,15 @@ impl Elector {
                 self.phase = Phase::Follower;
             }
             let until = (now + self.params.timeout).max(self.promised.map_or(now, |p| p.until));
-            self.promised = Some(Promised { to: Some((ask.uuid, ask.id)), until });
+            // The record names the newest request of that process it answers: a late, older
+            // request (a delayed message, or one left on a closing connection) must not take
+            // it back, or the partner's release of its older requests would free this box while
+            // the partner still counts the newer grant.
+            let newest = match self.promised.and_then(|p| p.to) {
+                Some((uuid, id)) if uuid == ask.uuid => id.max(ask.id),
+                _ => ask.id,
+            };
+            self.promised = Some(Promised { to: Some((ask.uuid, newest)), until });
             promised_until = Some(until);
         }
         out.push(Effect::AnswerPartner { to: ask.uuid, id: ask.id, granted, term: self.max_term, promised_until });

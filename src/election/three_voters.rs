@@ -452,6 +452,18 @@ fn a_release_frees_the_promise_for_that_process_and_requests_up_to_the_id() {
     assert_eq!(m.promised_until(ms(1)), None);
 }
 
+/// Found by `make model-check`: a delayed, older request granted after a newer one.
+#[test]
+fn a_late_older_request_does_not_take_the_promise_back_from_a_newer_one() {
+    let mut m = machine(0xb);
+    assert!(answer(&m.on_partner_ask(ms(0), ask(0xa, 6, 0, false))).0);
+    assert!(answer(&m.on_partner_ask(ms(1), ask(0xa, 4, 0, true))).0, "granted: it only binds this box more");
+    m.on_partner_release(Uuid::from_u128(0xa), 4);
+    assert!(m.promised_until(ms(2)).is_some(), "still bound by the grant for request 6");
+    m.on_partner_release(Uuid::from_u128(0xa), 6);
+    assert_eq!(m.promised_until(ms(2)), None);
+}
+
 #[test]
 fn a_step_down_releases_the_partner_so_it_takes_over_in_about_i() {
     let (mut p, a) = settled();
