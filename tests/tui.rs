@@ -1,8 +1,9 @@
 //! The console on a real pair: `twinlease tui` in tmux on each box of a site (two boxes, a
 //! PostgreSQL arbiter, nothing pinned). The standby's dashboard names the active; after kill -9
 //! of the active the survivor's console shows itself serving within T + I + 2 s (the console
-//! refreshes once a second) while the dead box's console shows the daemon-down banner and still
-//! reads its lease store; `q` quits and leaves the terminal as it found it. And the console
+//! refreshes once a second), where the operator then declares the dead partner down (a capital
+//! Y in the dialog) and sees the daemon's answer and its event, while the dead box's console
+//! shows the daemon-down banner and still reads its lease store; `q` quits and leaves the terminal as it found it. And the console
 //! unit's own command line, as an unprivileged user on a Linux console (TERM=linux), reads the
 //! store of a cleanly stopped box it may not write beside.
 
@@ -115,6 +116,22 @@ fn the_console_follows_a_failover_and_quits_cleanly() {
         killed.elapsed().as_millis(),
         limit.as_millis()
     );
+
+    // The operator, having seen the dead box, declares it down from the survivor's console:
+    // the dialog spells out the risk, a capital Y sends it, the daemon's answer and its event
+    // show.
+    tmux.keys("standby", "D");
+    tmux.wait_screen("standby", "the partner-down dialog", Duration::from_secs(5), |s| {
+        s.contains("Declare the partner down?") && s.contains("Y (capital): send it")
+    });
+    tmux.keys("standby", "Y");
+    tmux.wait_screen("standby", "the daemon's answer", Duration::from_secs(10), |s| {
+        s.contains("partner-down: this box is active on the operator's word")
+    });
+    tmux.keys("standby", "4");
+    tmux.wait_screen("standby", "the partner-down event", Duration::from_secs(5), |s| {
+        s.contains("partner declared down by")
+    });
 
     // The dead box's console: the banner, and the lease table still read from its store.
     tmux.wait_screen("active", "the daemon-down banner", Duration::from_secs(10), |s| s.contains("DAEMON NOT RUNNING"));

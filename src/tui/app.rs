@@ -12,6 +12,7 @@ use super::view::conflicts::ConflictsView;
 use super::view::dashboard::DashboardView;
 use super::view::events::EventsView;
 use super::view::leases::LeasesView;
+use crate::server::control::commands::PARTNER_DOWN_RISK;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tab {
@@ -48,6 +49,8 @@ pub enum Action {
     StepDown,
     MaintenanceStart,
     MaintenanceCancel,
+    /// The operator has seen that the partner box is off: serve without its vote.
+    PartnerDown,
 }
 
 impl Action {
@@ -57,6 +60,7 @@ impl Action {
             Action::StepDown => "Step down?",
             Action::MaintenanceStart => "Start maintenance?",
             Action::MaintenanceCancel => "Cancel maintenance?",
+            Action::PartnerDown => "Declare the partner down?",
         }
     }
 
@@ -68,6 +72,24 @@ impl Action {
                 "This box steps down and stays out of the election until maintenance is cancelled (also across restarts). Refused unless the partner is caught up."
             }
             Action::MaintenanceCancel => "This box may stand in the election again.",
+            Action::PartnerDown => PARTNER_DOWN_RISK,
+        }
+    }
+
+    /// The keys that send it. Declaring the partner down, if the partner in fact runs, can
+    /// put two servers on the LAN: it takes a capital Y, never a reflexive Enter or y.
+    pub fn confirmed_by(self, code: KeyCode) -> bool {
+        match self {
+            Action::PartnerDown => code == KeyCode::Char('Y'),
+            _ => matches!(code, KeyCode::Char('y' | 'Y') | KeyCode::Enter),
+        }
+    }
+
+    /// The confirmation dialog's key line.
+    pub fn confirm_keys(self) -> &'static str {
+        match self {
+            Action::PartnerDown => "Y (capital): send it     n / Esc: cancel",
+            _ => "y / Enter: send it     n / Esc: cancel",
         }
     }
 }
@@ -159,7 +181,10 @@ impl App {
     pub fn acted(&mut self, action: Action, answer: Result<String, String>) {
         self.message = Some(match answer {
             Ok(text) => format!("{}: {text}", action_name(action)),
-            Err(text) => format!("{} refused: {text}", action_name(action)),
+            // The daemon's refusals may say "refused" themselves.
+            Err(text) => {
+                format!("{} refused: {}", action_name(action), text.strip_prefix("refused: ").unwrap_or(&text))
+            }
         });
         self.dirty = true;
     }
@@ -192,13 +217,17 @@ impl App {
 
     fn on_confirm_key(&mut self, action: Action, code: KeyCode) -> Option<Command> {
         match code {
-            KeyCode::Char('y' | 'Y') | KeyCode::Enter => {
+            code if action.confirmed_by(code) => {
                 self.overlay = Overlay::None;
                 Some(Command::Act(action))
             }
             KeyCode::Char('n' | 'N' | 'q') | KeyCode::Esc => {
                 self.overlay = Overlay::None;
                 self.message = Some(format!("{}: not sent", action_name(action)));
+                None
+            }
+            _ if action == Action::PartnerDown => {
+                self.message = Some("partner-down: a capital Y sends it, n cancels".to_string());
                 None
             }
             _ => None,
@@ -229,6 +258,7 @@ impl App {
                 }
             }
             KeyCode::Char('s') => self.ask(Action::StepDown),
+            KeyCode::Char('D') => self.ask(Action::PartnerDown),
             KeyCode::Char('m') => {
                 let in_maintenance = self.dashboard.status.as_ref().is_ok_and(|s| s.role.maintenance.is_some());
                 self.ask(if in_maintenance { Action::MaintenanceCancel } else { Action::MaintenanceStart });
@@ -272,5 +302,6 @@ fn action_name(action: Action) -> &'static str {
         Action::StepDown => "step-down",
         Action::MaintenanceStart => "maintenance start",
         Action::MaintenanceCancel => "maintenance cancel",
+        Action::PartnerDown => "partner-down",
     }
 }

@@ -142,6 +142,13 @@ impl Feed for Source {
             Action::StepDown => ("step-down", Map::new()),
             Action::MaintenanceStart => ("maintenance", Map::from_iter([("action".into(), Value::from("start"))])),
             Action::MaintenanceCancel => ("maintenance", Map::from_iter([("action".into(), Value::from("cancel"))])),
+            Action::PartnerDown => {
+                // The daemon logs who declared it: the person logged in, else the console.
+                let operator = std::env::var("SUDO_USER").or_else(|_| std::env::var("USER"));
+                let operator = operator.unwrap_or_else(|_| "console".to_string());
+                let args = [("yes-the-partner-is-off", Value::Bool(true)), ("operator", Value::from(operator))];
+                ("partner-down", args.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            }
         };
         let r = client::ask_within(&self.control_socket, &Request::new(command, args), ANSWER_WITHIN)
             .map_err(|e| e.to_string())?;

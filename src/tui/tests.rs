@@ -313,6 +313,8 @@ fn overlays_and_the_ascii_console() {
     insta::assert_snapshot!("help_80x24", render(&app, 80, 24).backend());
     app.overlay = Overlay::Confirm(Action::StepDown);
     insta::assert_snapshot!("confirm_step_down_80x24", render(&app, 80, 24).backend());
+    app.overlay = Overlay::Confirm(Action::PartnerDown);
+    insta::assert_snapshot!("confirm_partner_down_80x24", render(&app, 80, 24).backend());
     app.tab = Tab::Leases;
     app.overlay = Overlay::Lease(Ipv4Addr::new(198, 18, 0, 104));
     insta::assert_snapshot!("lease_details_80x24", render(&app, 80, 24).backend());
@@ -428,6 +430,26 @@ fn arrows_move_within_the_table_and_enter_opens_the_lease() {
     s.leases = Some(Ok((1..40).map(lease).collect()));
     app.apply(s, Instant::now() + Duration::from_secs(61));
     assert_eq!(app.leases.selected_row().unwrap().address, Ipv4Addr::new(198, 18, 0, 101));
+}
+
+/// Declaring the partner down can put two servers on the LAN if the partner in fact runs: the
+/// dialog says so and only a capital Y sends it.
+#[test]
+fn partner_down_takes_a_capital_y() {
+    let mut app = app_in(Ok(standby()), false);
+    assert_eq!(app.on_key(key('D')), None);
+    assert_eq!(app.overlay, Overlay::Confirm(Action::PartnerDown));
+    assert_eq!(app.on_key(code(KeyCode::Enter)), None, "Enter does not send it");
+    assert_eq!(app.on_key(key('y')), None, "nor does a small y");
+    assert_eq!(app.overlay, Overlay::Confirm(Action::PartnerDown));
+    assert!(app.message.as_deref().unwrap().contains("capital Y"));
+    assert_eq!(app.on_key(key('Y')), Some(Command::Act(Action::PartnerDown)));
+    assert_eq!(app.overlay, Overlay::None);
+    app.acted(Action::PartnerDown, Err("refused: the partner is reachable on the peer link".to_string()));
+    assert_eq!(app.message.as_deref(), Some("partner-down refused: the partner is reachable on the peer link"));
+    app.on_key(key('D'));
+    assert_eq!(app.on_key(code(KeyCode::Esc)), None);
+    assert_eq!(app.message.as_deref(), Some("partner-down: not sent"));
 }
 
 #[test]

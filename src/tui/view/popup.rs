@@ -32,6 +32,7 @@ pub(super) fn help(app: &App, area: Rect, buf: &mut Buffer) {
         "Esc        close, clear the filter",
         "s          step down (hand over to the partner)",
         "m          start or cancel maintenance",
+        "D          partner down (only once seen to be off)",
         "q          quit (Ctrl-C too)",
     ]
     .into_iter()
@@ -52,7 +53,7 @@ pub(super) fn confirm(action: Action, app: &App, area: Rect, buf: &mut Buffer) {
         Line::raw(""),
         Line::raw(action.consequence()),
         Line::raw(""),
-        Line::styled("y / Enter: send it     n / Esc: cancel", warn()),
+        Line::styled(action.confirm_keys(), warn()),
     ];
     show(" Confirm ".to_string(), lines, 50, app, area, buf);
 }
