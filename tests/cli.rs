@@ -39,18 +39,18 @@ fn version_and_help() {
     }
 }
 
+/// A configuration with one small subnet and its state directory under `dir`.
+fn one_subnet_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let cfg = dir.join("c.toml");
+    let subnet = "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n";
+    std::fs::write(&cfg, common::config_text(dir, subnet)).unwrap();
+    cfg
+}
+
 #[test]
 fn leases_without_a_database_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        common::config_text(
-            dir.path(),
-            "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n",
-        ),
-    )
-    .unwrap();
+    let cfg = one_subnet_config(dir.path());
     let out = Command::new(BIN).args(["leases", "--config"]).arg(&cfg).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no lease database"));
@@ -143,15 +143,7 @@ fn leases_json_is_one_array_of_the_stored_leases() {
     use twinlease::lease::{Binding, ClientKey, LeaseState, Transition};
     use twinlease::store::LeaseStore;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        common::config_text(
-            dir.path(),
-            "[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.10-198.18.0.20\"]\n",
-        ),
-    )
-    .unwrap();
+    let cfg = one_subnet_config(dir.path());
     let (mut store, _) = LeaseStore::open(&dir.path().join("state").join("leases.db"), 0).unwrap();
     let json = |extra: &[&str]| {
         let out = Command::new(BIN).args(["leases", "--json", "--config"]).arg(&cfg).args(extra).output().unwrap();
