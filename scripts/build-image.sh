@@ -84,10 +84,11 @@ for unit in systemd-firstboot.service apt-daily.timer apt-daily-upgrade.timer dp
     ln -sfn /dev/null "$root/etc/systemd/system/$unit"
 done
 touch "$root/etc/.updated" "$root/var/.updated"
-# Updates (README "Updating"): the bundle key, boot assessment and the admin's update socket.
+# Updates (README "Updating"): the bundle key, boot assessment, the admin's update socket and
+# the partner's update port (a pair roll).
 install -D -m 0644 "$pubkey" "$root/usr/share/twinlease/bundle-key.pem"
 systemctl --root="$root" enable twinlease-update-health.service twinlease-update-bless.service \
-    twinlease-update.socket >/dev/null 2>&1
+    twinlease-update.socket twinlease-update-peer.socket >/dev/null 2>&1
 
 kver="$(ls "$root/lib/modules" | sort -V | tail -1)"
 # /var lives on the data partition: its first contents are the bootstrap's /var.

@@ -7,6 +7,9 @@
 //! Root runs these directly; anyone else (the `admin` user over SSH) goes through
 //! `/run/twinlease-update.sock`, where a socket-activated root unit runs `install`/`status` for
 //! members of the admin group (image/rootfs/etc/systemd/system/twinlease-update.socket).
+//! The rolling update of a pair and the partner's update port are in `update/pair.rs`.
+
+mod pair;
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -24,6 +27,7 @@ use twinlease::server::control::client;
 use twinlease::server::control::protocol::{Request, SUCCESS};
 use twinlease::server::control::status::Status;
 use twinlease::update::bundle::{self, Manifest, PublicKey};
+use twinlease::update::roll::SlotsView;
 use twinlease::update::slots::{self, Assessment, Entry, Slot, TRIES};
 
 /// The key bundles must be signed with (the image puts the public half of `make bundle`'s key
@@ -67,10 +71,32 @@ pub(crate) enum UpdateCommand {
     /// After boot-complete.target: drop the booted entry's boot counter (what systemd-bless-boot
     /// does), so the slot boots from now on.
     MarkGood,
+    /// Update both boxes of a pair without a DHCP outage: the standby first (installed,
+    /// rebooted, back and marked good), then this box, after handing service to the partner.
+    /// On the standby, the active partner is asked to drive the roll.
+    Pair {
+        #[arg(value_name = "BUNDLE")]
+        bundle: PathBuf,
+        /// The public key (PEM) bundles must be signed with.
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+        #[arg(long, short, value_name = "FILE", default_value = super::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// How long each box may take to come back healthy on the new version.
+        #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
+        timeout: u64,
+    },
     /// The root side of the update socket: one request on standard input (a JSON array of
     /// arguments), the output and `exit-status N` on standard output.
     #[command(hide = true)]
     Serve,
+    /// The root side of the partner's update port (src/update/peer.rs): one authenticated
+    /// request on standard input, progress and the MAC'd result on standard output.
+    #[command(hide = true)]
+    ServePeer {
+        #[arg(long, short, value_name = "FILE", default_value = super::DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
 }
 
 /// `update` as its own parser, for the requests the socket carries.
@@ -141,13 +167,28 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
             install(&paths, &bundle, &key)?;
             if reboot {
                 say("rebooting into the new slot");
-                let status = Command::new("systemctl").arg("reboot").status()?;
-                if !status.success() {
-                    bail!("systemctl reboot: {status}");
-                }
+                self::reboot()?;
             }
             Ok(ExitCode::SUCCESS)
         }
+        UpdateCommand::Pair { bundle, key, config, timeout } if !direct => {
+            let bundle = fs::canonicalize(&bundle).with_context(|| bundle.display().to_string())?;
+            let mut args = vec!["pair".to_string(), bundle.display().to_string()];
+            args.extend(["--config".into(), fs::canonicalize(&config)?.display().to_string()]);
+            args.extend(["--timeout".into(), timeout.to_string()]);
+            if let Some(key) = key {
+                args.extend(["--key".into(), fs::canonicalize(&key)?.display().to_string()]);
+            }
+            through_socket(&args)
+        }
+        UpdateCommand::Pair { bundle, key, config, timeout } => {
+            let key = key.unwrap_or_else(|| paths.root.join(DEFAULT_KEY));
+            if pair::roll(&paths, &bundle, &key, &config, Duration::from_secs(timeout))? == pair::Outcome::RebootHere {
+                self::reboot()?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        UpdateCommand::ServePeer { config } => pair::serve_peer(&paths, &config),
         UpdateCommand::Status { json } => status(&paths, json),
         UpdateCommand::Health { config, timeout } => health(&paths, &config, Duration::from_secs(timeout)),
         UpdateCommand::MarkGood => mark_good(&paths),
@@ -158,32 +199,54 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
 /// Set on the socket's root side: what the caller reads also goes to the journal.
 static SERVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// A progress line for the caller (and the journal on the socket's root side). A caller that
+/// went away (an SSH session cut in the middle of a pair roll) must not stop the work, so a
+/// failed write is ignored.
 fn say(line: &str) {
-    println!("twinlease-update: {line}");
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "twinlease-update: {line}");
+    let _ = out.flush();
     if SERVING.load(std::sync::atomic::Ordering::Relaxed) {
         eprintln!("twinlease-update: {line}");
     }
 }
 
+fn reboot() -> anyhow::Result<()> {
+    let status = Command::new("systemctl").arg("reboot").status()?;
+    if !status.success() {
+        bail!("systemctl reboot: {status}");
+    }
+    Ok(())
+}
+
 // ---- install ------------------------------------------------------------------------------
 
-fn install(paths: &Paths, bundle_path: &Path, key_path: &Path) -> anyhow::Result<()> {
-    let started = Instant::now();
-    // One install at a time: two would write the same slot.
-    let lock_path = paths.root.join("run/twinlease-update.lock");
+/// An exclusive lock on `run/NAME`, held while the file lives.
+fn lock(paths: &Paths, name: &str, busy: &str) -> anyhow::Result<File> {
+    let lock_path = paths.root.join("run").join(name);
     let lock = File::create(&lock_path).with_context(|| lock_path.display().to_string())?;
     if lock.try_lock().is_err() {
-        bail!("another update install is running");
+        bail!("{busy}");
     }
+    Ok(lock)
+}
+
+fn read_key(key_path: &Path) -> anyhow::Result<PublicKey> {
     let key_text = fs::read_to_string(key_path).with_context(|| format!("reading the key {}", key_path.display()))?;
-    let key = PublicKey::from_pem(&key_text, &key_path.display().to_string())?;
-    let open = || -> anyhow::Result<BufReader<File>> {
-        let f = File::open(bundle_path).with_context(|| format!("opening {}", bundle_path.display()))?;
-        Ok(BufReader::with_capacity(1 << 20, f))
-    };
-    // Pass 1: everything is checked before anything is written.
-    let mut r = open()?;
-    let manifest = bundle::read_signed_manifest(&mut r, &key)?;
+    Ok(PublicKey::from_pem(&key_text, &key_path.display().to_string())?)
+}
+
+fn open_bundle(bundle_path: &Path) -> anyhow::Result<BufReader<File>> {
+    let f = File::open(bundle_path).with_context(|| format!("opening {}", bundle_path.display()))?;
+    Ok(BufReader::with_capacity(1 << 20, f))
+}
+
+/// Pass 1 of an install: signature, architecture, every payload's length and hash. Nothing is
+/// written.
+fn check_bundle(bundle_path: &Path, key: &PublicKey) -> anyhow::Result<Manifest> {
+    let started = Instant::now();
+    let mut r = open_bundle(bundle_path)?;
+    let manifest = bundle::read_signed_manifest(&mut r, key)?;
     bundle::check_arch(&manifest, std::env::consts::ARCH)?;
     bundle::stream_payloads(&mut r, &manifest, |_, _| Ok(()))?;
     say(&format!(
@@ -193,6 +256,16 @@ fn install(paths: &Paths, bundle_path: &Path, key_path: &Path) -> anyhow::Result
         manifest.bundle_len(),
         started.elapsed().as_secs_f64()
     ));
+    Ok(manifest)
+}
+
+fn install(paths: &Paths, bundle_path: &Path, key_path: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // One install at a time: two would write the same slot.
+    let _lock = lock(paths, "twinlease-update.lock", "another update install is running")?;
+    let key = read_key(key_path)?;
+    // Pass 1: everything is checked before anything is written.
+    let manifest = check_bundle(bundle_path, &key)?;
     let booted = paths.booted()?;
     let target = booted.other();
     let device = paths.device(target);
@@ -218,7 +291,7 @@ fn install(paths: &Paths, bundle_path: &Path, key_path: &Path) -> anyhow::Result
     let mut initrd = File::create(slot_dir.join("initrd.img.new"))?;
     // Pass 2 writes, hashing again: the file may have changed since pass 1.
     let write_start = Instant::now();
-    let mut r = open()?;
+    let mut r = open_bundle(bundle_path)?;
     bundle::read_signed_manifest(&mut r, &key)?;
     bundle::stream_payloads(&mut r, &manifest, |name, bytes| match name {
         "root" => slot.write_all(bytes),
@@ -342,11 +415,7 @@ fn status(paths: &Paths, json: bool) -> anyhow::Result<ExitCode> {
                     "slot": s.letter(),
                     "version": version,
                     "booted": s == booted,
-                    "state": assessment.map(|a| match a {
-                        Assessment::Good => "good",
-                        Assessment::Trying { .. } => "trying",
-                        Assessment::Bad { .. } => "bad",
-                    }),
+                    "state": assessment.map(Assessment::word),
                     "tries_left": assessment.and_then(|a| match a { Assessment::Trying { left, .. } => Some(left), _ => None }),
                     "entry": file,
                 })
@@ -379,6 +448,18 @@ fn status(paths: &Paths, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", rollback_line(paths, e, booted));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The booted slot as the pair roll needs it (src/update/roll.rs).
+fn slots_view(paths: &Paths) -> anyhow::Result<SlotsView> {
+    let booted = paths.booted()?;
+    let entries = paths.entries()?;
+    Ok(SlotsView {
+        booted: booted.letter().to_string(),
+        booted_version: paths.version(booted),
+        booted_state: slots::booted_entry(&entries, booted).map(|e| e.assessment.word().to_string()),
+        rolled_back_from: slots::rollback(&entries, booted).and_then(|e| paths.version(e.slot)),
+    })
 }
 
 fn rollback_line(paths: &Paths, e: &Entry, booted: Slot) -> String {
@@ -535,7 +616,9 @@ fn serve(paths: &Paths) -> anyhow::Result<ExitCode> {
         .map_err(anyhow::Error::from)
         .and_then(|args| Request_::try_parse_from(args).map_err(anyhow::Error::from))
     {
-        Ok(Request_ { command: cmd @ (UpdateCommand::Install { .. } | UpdateCommand::Status { .. }) }) => {
+        Ok(Request_ {
+            command: cmd @ (UpdateCommand::Install { .. } | UpdateCommand::Status { .. } | UpdateCommand::Pair { .. }),
+        }) => {
             let root = Some(paths.root.clone());
             match dispatch(cmd, root) {
                 Ok(code) => u8::from(code != ExitCode::SUCCESS),
@@ -546,7 +629,7 @@ fn serve(paths: &Paths) -> anyhow::Result<ExitCode> {
             }
         }
         Ok(_) => {
-            println!("twinlease update: only install and status are taken over the socket");
+            println!("twinlease update: only install, status and pair are taken over the socket");
             2
         }
         Err(e) => {

@@ -71,6 +71,17 @@ pub enum Assessment {
     Bad { done: u32 },
 }
 
+impl Assessment {
+    /// One word for `update status --json`: "good", "trying" or "bad".
+    pub fn word(self) -> &'static str {
+        match self {
+            Assessment::Good => "good",
+            Assessment::Trying { .. } => "trying",
+            Assessment::Bad { .. } => "bad",
+        }
+    }
+}
+
 impl fmt::Display for Assessment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
