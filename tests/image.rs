@@ -12,7 +12,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::vm::*;
-use common::*;
 
 const BOOT_LIMIT: Duration = Duration::from_secs(600);
 
@@ -46,8 +45,6 @@ fn with_peer(key_file: &str) -> String {
     )
 }
 
-const KEY: &str = "c2hhcmVkIHNlY3JldCBmb3IgdGhlIGltYWdlIHRlc3Rz\n";
-
 #[test]
 #[ignore = "boots the firmware image: make test-image"]
 fn invalid_or_missing_site_is_refused_on_the_console_without_a_restart_loop() {
@@ -71,7 +68,11 @@ fn missing_or_unreadable_key_is_refused_on_the_console() {
         ("missing", Some(one_box_site().file("twinlease.toml", &with_peer("/etc/twinlease/peer.key"))), "peer.key"),
         (
             "mode",
-            Some(one_box_site().file("twinlease.toml", &with_peer("/efi/twinlease/peer.key")).file("peer.key", KEY)),
+            Some(
+                one_box_site()
+                    .file("twinlease.toml", &with_peer("/efi/twinlease/peer.key"))
+                    .file("peer.key", common::image_pair::KEY),
+            ),
             "/efi/twinlease/peer.key",
         ),
     ]);
@@ -117,154 +118,12 @@ fn refused_as_expected(case: &str, names: &str, vm: &mut Vm) {
     eprintln!("{case}: {}", verdict.join(" / "));
 }
 
-mod pair {
-    //! Two boxes flashed from the same image with two site configurations: the LAN switch is also
-    //! the router to "head office", where a throwaway PostgreSQL arbiter runs in a namespace of
-    //! its own; the peer cable is a veth between the boxes' namespaces, bridged to each box's
-    //! second NIC.
-
-    use super::*;
-    use common::arbiter::*;
-
-    pub(crate) const I_MS: u64 = 1000;
-    pub(crate) const T_MS: u64 = 4000;
-    const ROUTER: &str = "198.18.0.254";
-
-    pub(crate) struct ImagePair {
-        pub(crate) lan: Switch,
-        /// Kept for its drop: the arbiter lives as long as the pair.
-        _arbiter: ArbiterNet,
-        pub(crate) hosts: [Netns; 2],
-        pub(crate) taps: [[String; 2]; 2],
-        pub(crate) sites: [SiteDir; 2],
-    }
-
-    fn site(i: usize, arbiter_url: &str) -> SiteDir {
-        let (me, other) = (i + 1, 2 - i);
-        let toml = format!(
-            "[node]\nname = \"box-{n}\"\n\n[dhcp]\ninterfaces = [\"eth0\"]\nping_check = false\n\n\
-             [[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.199\"]\nrouters = [\"198.18.0.254\"]\n\n\
-             [peer]\nlisten = \"198.18.1.{me}:6767\"\naddress = \"198.18.1.{other}:6767\"\nkey_file = \"/etc/twinlease/peer.key\"\n\
-             sync_mode = \"before-ack\"\nack_timeout_ms = 3000\n\n\
-             [arbiter]\nurl = \"{arbiter_url}\"\nutype = \"branch-vm/dhcp\"\ninterval_ms = {I_MS}\ntimeout_ms = {T_MS}\n\
-             tls = \"off\"\nendpoint = \"box-{n}.branch.example\"\npassword_file = \"/etc/twinlease/arbiter.password\"\n",
-            n = ["a", "b"][i],
-        );
-        SiteDir::new()
-            .file("twinlease.toml", &toml)
-            .file("peer.key", KEY)
-            .file("arbiter.password", "not-asked-for-with-trust-auth\n")
-            .network("lan", "eth0", &format!("198.18.0.{me}/24"), &format!("Gateway={ROUTER}"))
-            .network("peer", "eth1", &format!("198.18.1.{me}/30"), "")
-    }
-
-    impl ImagePair {
-        pub(crate) fn new(clients: usize) -> ImagePair {
-            let mut lan = Switch::new("l");
-            lan.ns.ip(&format!("addr add {ROUTER}/24 dev {}", lan.bridge));
-            let arbiter = ArbiterNet::new();
-            arbiter.attach(&lan.ns, 254);
-            lan.ns.sh("sysctl -qw net.ipv4.ip_forward=1");
-            arbiter.arb.ns.ip("route add 198.18.0.0/24 via 198.18.10.254");
-            for _ in 0..clients {
-                lan.add_client();
-            }
-            let hosts = [Netns::new("va"), Netns::new("vb")];
-            let id = unique("");
-            let taps = [0, 1].map(|i| [format!("tl{i}{id}"), format!("tk{i}{id}")]);
-            let (link_a, link_b) = (format!("ka{id}"), format!("kb{id}"));
-            run(std::process::Command::new("ip").args([
-                "link",
-                "add",
-                &link_a,
-                "netns",
-                &hosts[0].name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &link_b,
-                "netns",
-                &hosts[1].name,
-            ]));
-            for (i, host) in hosts.iter().enumerate() {
-                let (br_lan, br_link) = (format!("bl{i}{id}"), format!("bk{i}{id}"));
-                bridge(host, &br_lan);
-                bridge(host, &br_link);
-                let (inner, outer) = (format!("i{i}{id}"), format!("o{i}{id}"));
-                lan.plug(host, &inner, &outer);
-                host.ip(&format!("link set {inner} master {br_lan} up"));
-                host.ip(&format!("link set {} master {br_link} up", [&link_a, &link_b][i]));
-                tap_on_bridge(host, &taps[i][0], &br_lan);
-                tap_on_bridge(host, &taps[i][1], &br_link);
-            }
-            let sites = [0, 1].map(|i| site(i, &arbiter.url()));
-            // The arbiter's table, made once from head office's side (what `arbiter init` is for).
-            let init_dir = tempfile::tempdir().unwrap();
-            let init_cfg = init_dir.path().join("init.toml");
-            let text = std::fs::read_to_string(sites[0].dir.path().join("twinlease.toml")).unwrap();
-            let key = init_dir.path().join("peer.key");
-            let pass = init_dir.path().join("arbiter.password");
-            for (f, body) in [(&key, KEY), (&pass, "x\n")] {
-                std::fs::write(f, body).unwrap();
-                std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-            }
-            let text = text
-                .replace("/etc/twinlease/peer.key", &key.display().to_string())
-                .replace("/etc/twinlease/arbiter.password", &pass.display().to_string());
-            std::fs::write(&init_cfg, text).unwrap();
-            let init = run(lan.ns.cmd(BIN).args(["arbiter", "init", "--config"]).arg(&init_cfg));
-            assert!(String::from_utf8_lossy(&init.stdout).contains("arbiter ready"));
-            ImagePair { lan, _arbiter: arbiter, hosts, taps, sites }
-        }
-
-        pub(crate) fn boot(&self, i: usize) -> Vm {
-            let taps = [self.taps[i][0].as_str(), self.taps[i][1].as_str()];
-            Vm::start(["box-a", "box-b"][i], &image(), Some(&self.sites[i]), Boot::KernelFromEsp, &self.hosts[i], &taps)
-        }
-    }
-
-    /// udhcpc on client `n`, one DISCOVER a second for `tries` seconds, asking for `want` if
-    /// given; returns (address, server identifier, when bound).
-    pub(crate) fn udhcpc_bound(
-        lan: &Switch,
-        n: usize,
-        dir: &std::path::Path,
-        want: Option<&str>,
-        tries: u32,
-    ) -> Option<(String, String, Instant)> {
-        let (ns, iface) = lan.client(n);
-        let extra: Vec<&str> = want.map(|ip| vec!["-r", ip]).unwrap_or_default();
-        let tries = tries.to_string();
-        let ev = dir.join(format!("bound-{n}.events"));
-        let script = dir.join(format!("bound-{n}.sh"));
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\n[ \"$1\" = bound ] && echo \"$ip $serverid\" >> {}\nexit 0\n", ev.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let out = ns
-            .cmd("udhcpc")
-            .args(["-f", "-q", "-n", "-t", &tries, "-T", "1", "-A", "1", "-i", iface, "-s"])
-            .arg(&script)
-            .args(&extra)
-            .output()
-            .unwrap();
-        let at = Instant::now();
-        let line = std::fs::read_to_string(&ev).unwrap_or_default();
-        let _ = std::fs::remove_file(&ev);
-        let mut words = line.lines().last()?.split_whitespace();
-        out.status.success().then(|| (words.next().unwrap().to_string(), words.next().unwrap_or("").to_string(), at))
-    }
-}
-
 #[test]
 #[ignore = "boots the firmware image: make test-image"]
 fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
-    use pair::*;
-    let p = ImagePair::new(2);
-    let mut vms = [p.boot(0), p.boot(1)];
+    use common::image_pair::*;
+    let p = ImagePair::new(2, |site| site);
+    let mut vms = [p.boot(0, Boot::KernelFromEsp), p.boot(1, Boot::KernelFromEsp)];
     // Both boxes up, with the partner reachable: the ACK below then waits for the partner's copy.
     for vm in vms.iter_mut() {
         vm.wait_console("partner reachable", BOOT_LIMIT);
@@ -276,7 +135,7 @@ fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
         eprintln!("{}: {}", vm.name, report.console);
     }
     let dir = tempfile::tempdir().unwrap();
-    let (ip, server, _) = pair::udhcpc_bound(&p.lan, 0, dir.path(), None, 60).expect("a lease from the pair");
+    let (ip, server, _) = udhcpc_bound(&p.lan, 0, dir.path(), None, 60).expect("a lease from the pair");
     let active = ["198.18.0.1", "198.18.0.2"].iter().position(|s| *s == server).expect("served by a box");
     let standby = 1 - active;
     let serving_after = vms[active].started.elapsed();
@@ -287,8 +146,8 @@ fn pair_of_appliances_fails_over_when_the_serving_box_loses_power() {
     let bound = Duration::from_millis(T_MS + I_MS + 2000);
     let lan = &p.lan;
     let (fresh, renewed) = std::thread::scope(|s| {
-        let fresh = s.spawn(|| pair::udhcpc_bound(lan, 1, dir.path(), None, 30));
-        let renewed = s.spawn(|| pair::udhcpc_bound(lan, 0, dir.path(), Some(&ip), 30));
+        let fresh = s.spawn(|| udhcpc_bound(lan, 1, dir.path(), None, 30));
+        let renewed = s.spawn(|| udhcpc_bound(lan, 0, dir.path(), Some(&ip), 30));
         (fresh.join().unwrap(), renewed.join().unwrap())
     });
     let survivor = ["198.18.0.1", "198.18.0.2"][standby];

@@ -268,3 +268,210 @@ fn a_power_cut_while_the_slot_is_written_leaves_the_old_slot_booting_and_a_new_i
     let s = b.status();
     assert_eq!((s["next_boot"].as_str(), s["slots"][1]["state"].as_str()), (Some("b"), Some("trying")), "{s}");
 }
+
+/// DHCP clients on the pair's LAN while it is updated: one renewing its address every 2 s,
+/// and a new client every second (DISCOVER, REQUEST, then RELEASE, so the pool never runs dry;
+/// hardware addresses cycle through 60). Each retransmits every second, as `udhcpc -T 1`
+/// does; what counts is how long each exchange waited for its answer.
+struct ClientLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<Vec<common::client::Waited>>>,
+}
+
+/// Bound on each load loop (a roll takes minutes under TCG; this is hours at one a second).
+const MAX_EXCHANGES: usize = 10_000;
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+impl ClientLoad {
+    fn start(lan: &common::Switch) -> ClientLoad {
+        use common::client::RawClient;
+        use dhcproto::v4::{DhcpOption, MessageType};
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let client = |n: usize, hw: [u8; 6]| {
+            let (ns, iface) = lan.client(n);
+            let c = RawClient::new(ns, iface, hw);
+            c.sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            c
+        };
+        let renewing = client(0, [0x02, 0x52, 0, 0, 0, 1]);
+        let stopped = stop.clone();
+        let renewer = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let (w, offer) = renewing.exchange_retrying(
+                "discover",
+                &renewing.request(MessageType::Discover, vec![], 1),
+                1,
+                MessageType::Offer,
+                GIVE_UP,
+            );
+            out.push(w);
+            let ip = offer.expect("the renewing client's first OFFER").yiaddr();
+            let mut xid = 2;
+            let mut next = Instant::now();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) && out.len() < MAX_EXCHANGES {
+                let request = renewing.request(MessageType::Request, vec![DhcpOption::RequestedIpAddress(ip)], xid);
+                out.push(renewing.exchange_retrying("renew", &request, xid, MessageType::Ack, GIVE_UP).0);
+                xid += 1;
+                next += Duration::from_secs(2);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            out
+        });
+        let mut newcomer = client(1, [0x02, 0x4e, 0, 0, 0, 0]);
+        let stopped = stop.clone();
+        let newcomers = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut next = Instant::now();
+            for n in 0u32.. {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) || out.len() >= MAX_EXCHANGES {
+                    break;
+                }
+                newcomer.hw[5] = (n % 60) as u8;
+                let xid = 0x4e00_0000 + n;
+                let discover = newcomer.request(MessageType::Discover, vec![], xid);
+                let (w, offer) = newcomer.exchange_retrying("discover", &discover, xid, MessageType::Offer, GIVE_UP);
+                out.push(w);
+                if let Some(offer) = offer.filter(|m| m.opts().msg_type() == Some(MessageType::Offer)) {
+                    let server = out.last().unwrap().answer.unwrap().1;
+                    let opts =
+                        vec![DhcpOption::RequestedIpAddress(offer.yiaddr()), DhcpOption::ServerIdentifier(server)];
+                    let request = newcomer.request(MessageType::Request, opts, xid);
+                    let (w, ack) = newcomer.exchange_retrying("request", &request, xid, MessageType::Ack, GIVE_UP);
+                    out.push(w);
+                    if let Some(ack) = ack.filter(|m| m.opts().msg_type() == Some(MessageType::Ack)) {
+                        newcomer.release(ack.yiaddr(), server, xid);
+                    }
+                }
+                next += Duration::from_secs(1);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            out
+        });
+        ClientLoad { stop, threads: vec![renewer, newcomers] }
+    }
+
+    fn stop(self) -> Vec<common::client::Waited> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    }
+}
+
+/// What `twinlease ctl status-get` says on box `host`, as admin.
+fn box_status(ssh: &Ssh, lan: &common::Switch, host: &str) -> Option<serde_json::Value> {
+    let out = ssh.run(&lan.ns, host, &format!("twinlease ctl -c {CONFIG} status-get"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(v["arguments"].clone())
+}
+
+fn slots_of(ssh: &Ssh, lan: &common::Switch, host: &str) -> Option<serde_json::Value> {
+    let out = ssh.run(&lan.ns, host, "twinlease update status --json");
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn lease_table(ssh: &Ssh, lan: &common::Switch, host: &str) -> Vec<(String, String, String)> {
+    let out = ssh.run(&lan.ns, host, &format!("twinlease ctl -c {CONFIG} lease-list --json"));
+    let response: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = response["arguments"]["leases"].as_array().unwrap_or_else(|| panic!("{response}"));
+    let field = |r: &serde_json::Value, k: &str| r[k].as_str().map(str::to_string).unwrap_or_else(|| r[k].to_string());
+    let mut out: Vec<_> = rows.iter().map(|r| (field(r, "address"), field(r, "hw"), field(r, "state"))).collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[ignore = "boots the firmware image: make test-update"]
+fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
+    use common::image_pair::*;
+    let bundle_path = env_path("TWINLEASE_BUNDLE");
+    let ssh = Ssh::new();
+    let p = ImagePair::new(2, |site| site.file("authorized_keys", &ssh.authorized_keys()));
+    let mut vms = [p.boot(0, Boot::Uefi), p.boot(1, Boot::Uefi)];
+    let hosts = ["198.18.0.1", "198.18.0.2"];
+    for (vm, host) in vms.iter_mut().zip(hosts) {
+        vm.wait_console("partner reachable", BOOT_LIMIT);
+        ssh.wait(&p.lan.ns, host, Duration::from_secs(120));
+    }
+    let role =
+        |host: &str| box_status(&ssh, &p.lan, host).and_then(|s| s["role"]["state"].as_str().map(str::to_string));
+    let active = wait_for_value("an active box with its partner caught up", Duration::from_secs(300), || {
+        let a = hosts.iter().position(|h| role(h).as_deref() == Some("active"))?;
+        let s = box_status(&ssh, &p.lan, hosts[a])?;
+        let partner = &s["partner"];
+        (partner["link_up"] == true && partner["in_sync"] == true && partner["unsynced"] == 0).then_some(a)
+    });
+    let standby = 1 - active;
+    let old = ssh.run(&p.lan.ns, hosts[0], "cat /usr/lib/twinlease/release");
+    let old = String::from_utf8_lossy(&old.stdout).trim().to_string();
+    eprintln!(
+        "pair roll: box {active} active, running {old}; both booted through UEFI {:.0?}",
+        vms[0].started.elapsed()
+    );
+
+    // Started on the standby: the active partner drives the roll and updates the standby first.
+    let load = ClientLoad::start(&p.lan);
+    let upload = Instant::now();
+    ssh.copy(&p.lan.ns, hosts[standby], &bundle_path, "new.bundle");
+    eprintln!("pair roll: bundle uploaded to the standby in {:.1?}", upload.elapsed());
+    let started = Instant::now();
+    let out = ssh.run(&p.lan.ns, hosts[standby], "twinlease update pair new.bundle");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("pair roll: the standby's session ended after {:.1?}:\n{}", started.elapsed(), said.trim());
+    assert!(said.contains("drives the roll"), "{said}");
+
+    // Done when both boxes run the new version from a slot marked good.
+    let settled = |host: &str| {
+        let s = slots_of(&ssh, &p.lan, host)?;
+        let booted = s["booted"].as_str()?.to_string();
+        let slot = s["slots"].as_array()?.iter().find(|x| x["slot"] == booted.as_str())?.clone();
+        (slot["state"] == "good" && slot["version"].as_str().is_some_and(|v| v != old))
+            .then(|| slot["version"].to_string())
+    };
+    let limit = Duration::from_secs(3600);
+    let versions = wait_for_value("both boxes on the new version, marked good", limit, || {
+        let a = settled(hosts[0])?;
+        let b = settled(hosts[1])?;
+        Some((a, b))
+    });
+    let rolled = started.elapsed();
+    // The tables, once the pair is in sync again.
+    wait_for_value("the pair in sync after the roll", Duration::from_secs(120), || {
+        let s = box_status(&ssh, &p.lan, hosts.iter().find(|h| role(h).as_deref() == Some("active"))?)?;
+        (s["partner"]["in_sync"] == true && s["partner"]["unsynced"] == 0).then_some(())
+    });
+    let waits = load.stop();
+    let tables = [lease_table(&ssh, &p.lan, hosts[0]), lease_table(&ssh, &p.lan, hosts[1])];
+
+    let longest = waits.iter().max_by_key(|w| w.waited).expect("the clients ran");
+    let unanswered: Vec<_> = waits.iter().filter(|w| w.answer.is_none()).collect();
+    let naks: Vec<_> =
+        waits.iter().filter(|w| w.answer.is_some_and(|a| a.0 == dhcproto::v4::MessageType::Nak)).collect();
+    let over_1s = waits.iter().filter(|w| w.waited > Duration::from_secs(1)).count();
+    eprintln!(
+        "pair roll: both boxes on {versions:?} {:.0?} after the command; {} exchanges, {over_1s} waited over 1 s, the longest {:.2?} ({} at {:.0?} into the roll), {} unanswered, {} NAKs; {} leases in each table",
+        rolled,
+        waits.len(),
+        longest.waited,
+        longest.kind,
+        longest.at.saturating_duration_since(started),
+        unanswered.len(),
+        naks.len(),
+        tables[0].len()
+    );
+    assert!(unanswered.is_empty() && naks.is_empty(), "unanswered {unanswered:?}, NAKs {naks:?}");
+    assert!(longest.waited <= Duration::from_secs(4), "a client waited {longest:?}");
+    assert_eq!(tables[0], tables[1], "the boxes' lease tables differ after the roll");
+    assert!(tables[0].iter().any(|l| l.1 == "02:52:00:00:00:01"), "the renewing client's lease: {:?}", tables[0]);
+}
+
+/// Asks `f` every 2 s until it gives a value, at most `limit`. Each look is an SSH login on an
+/// emulated box, which costs it CPU: looking more often would slow down what is waited for.
+fn wait_for_value<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}

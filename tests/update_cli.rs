@@ -220,3 +220,141 @@ fn the_last_try_is_still_a_trial_and_may_be_marked_good() {
     assert!(b.update(&["mark-good"]).status.success());
     assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-2-b.conf"]);
 }
+
+// ---- the partner's update port (update serve-peer) --------------------------------------
+
+/// Box B of a pair in a directory, its update port served in a namespace where 198.18.1.1 is
+/// its partner's address and 198.18.1.2 its own: each connection accepted by the test runs
+/// `update serve-peer` on it, as systemd's socket unit does on a box.
+struct PeerPort {
+    b: FakeBox,
+    ns: common::Netns,
+    listener: std::net::TcpListener,
+    config: PathBuf,
+}
+
+const PEER_KEY: &[u8] = b"the pair's shared key, 32 bytes!";
+
+impl PeerPort {
+    fn new(bundle_key: &Key) -> PeerPort {
+        use std::os::unix::fs::PermissionsExt;
+        let b = FakeBox::new();
+        std::fs::create_dir_all(b.path("usr/share/twinlease")).unwrap();
+        std::fs::copy(&bundle_key.public, b.path("usr/share/twinlease/bundle-key.pem")).unwrap();
+        let key = b.path("peer.key");
+        std::fs::write(&key, PEER_KEY).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let config = b.path("twinlease.toml");
+        let peer = format!(
+            "[[subnet]]\ncidr = \"198.18.0.0/24\"\n[peer]\nlisten = \"198.18.1.2:6767\"\n\
+             address = \"198.18.1.1:6767\"\nkey_file = \"{}\"\n",
+            key.display()
+        );
+        std::fs::write(&config, common::config_text(b.dir.path(), &peer)).unwrap();
+        let ns = common::Netns::new("up");
+        ns.ip("addr add 198.18.1.1/32 dev lo");
+        ns.ip("addr add 198.18.1.2/32 dev lo");
+        let listener = ns.within(|| std::net::TcpListener::bind("198.18.1.2:6769").unwrap());
+        PeerPort { b, ns, listener, config }
+    }
+
+    /// Connects from `from` and serves the connection; returns the caller's end and the
+    /// serving process.
+    fn connect(&self, from: &str) -> (std::net::TcpStream, std::process::Child) {
+        let from: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+        let stream = self.ns.within(move || {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&from.into()).unwrap();
+            s.connect(&std::net::SocketAddr::from(([198, 18, 1, 2], 6769)).into()).unwrap();
+            std::net::TcpStream::from(s)
+        });
+        let (served, _) = self.listener.accept().unwrap();
+        let out = served.try_clone().unwrap();
+        let child = Command::new(BIN)
+            .args(["update", "--root"])
+            .arg(self.b.dir.path())
+            .args(["serve-peer", "--config"])
+            .arg(&self.config)
+            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(served)))
+            .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(out)))
+            .spawn()
+            .unwrap();
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        (stream, child)
+    }
+
+    /// One request from the partner's address with `key`: the lines before the result, and
+    /// the result if one came and its MAC checked out with the key.
+    fn ask(&self, key: &[u8], command: PeerCommand, bundle: &[u8]) -> (Vec<String>, Option<PeerReply>) {
+        use std::io::{BufRead, Write};
+        let (stream, mut child) = self.connect("198.18.1.1");
+        let mut lines = std::io::BufReader::new(stream.try_clone().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let server_nonce = peer::from_hex(first.strip_prefix("nonce ").unwrap_or_else(|| panic!("{first}"))).unwrap();
+        let nonce = [9u8; peer::NONCE_LEN];
+        let request = serde_json::to_string(&PeerRequest { nonce: peer::to_hex(&nonce), command }).unwrap();
+        let mut w = &stream;
+        write!(w, "{request}\nmac {}\n", peer::request_mac(key, &server_nonce, &request)).unwrap();
+        w.write_all(bundle).unwrap();
+        let mut said = Vec::new();
+        let mut reply = None;
+        for line in lines.map_while(Result::ok) {
+            match line.strip_prefix("result ") {
+                Some(rest) => reply = Some(peer::open_result(key, &nonce, rest).expect("the result's MAC")),
+                None => said.push(line),
+            }
+        }
+        child.wait().unwrap();
+        (said, reply)
+    }
+}
+
+use twinlease::update::peer::{self, PeerCommand, PeerReply, PeerRequest};
+
+#[test]
+fn the_partners_update_port_answers_only_the_partner_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::generate(dir.path(), "k");
+    let port = PeerPort::new(&key);
+    let before = port.b.snapshot();
+
+    let (_, status) = port.ask(PEER_KEY, PeerCommand::Status, &[]);
+    let view = status.expect("a result").view.expect("the box's view");
+    assert_eq!(
+        (view.slots.booted.as_str(), view.slots.booted_version.as_deref(), view.slots.booted_state.as_deref()),
+        ("a", Some("1.0"), Some("good"))
+    );
+    assert!(view.daemon.is_none(), "no daemon runs here: {view:?}");
+
+    // Another key: refused, no result; another address: not even a nonce.
+    let good = bundle::make(&key, dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]);
+    let install = PeerCommand::Install { bundle_len: good.len() as u64, reboot: false };
+    let (said, reply) = port.ask(b"not the pair's key, but 32 bytes", install.clone(), &good);
+    assert!(reply.is_none() && said.iter().any(|l| l.contains("refused")), "{said:?}");
+    let (stream, mut child) = port.connect("198.18.1.2");
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut &stream, &mut rest);
+    child.wait().unwrap();
+    assert!(rest.is_empty(), "a stranger got {rest:?}");
+    assert_eq!(port.b.snapshot(), before, "a refused request wrote something");
+
+    // A bundle signed by another key, with the pair's key: the box's own checks refuse it.
+    let other = Key::generate(dir.path(), "other");
+    let foreign = bundle::make(&other, dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]);
+    let (said, reply) =
+        port.ask(PEER_KEY, PeerCommand::Install { bundle_len: foreign.len() as u64, reboot: false }, &foreign);
+    let reply = reply.expect("a result");
+    assert!(reply.exit == 1 && reply.error.as_deref().is_some_and(|e| e.contains("signature")), "{reply:?} {said:?}");
+    assert_eq!(port.b.snapshot(), before, "a foreign bundle wrote something");
+
+    // The partner's good bundle: received, installed into slot b, and not kept.
+    let (said, reply) = port.ask(PEER_KEY, install, &good);
+    assert_eq!(reply.expect("a result").exit, 0, "{said:?}");
+    assert!(
+        said.iter().any(|l| l.contains("received")) && said.iter().any(|l| l.contains("written and read back")),
+        "{said:?}"
+    );
+    assert!(port.b.entries().iter().any(|e| e.ends_with("-b+3.conf")), "{:?}", port.b.entries());
+    let incoming: Vec<_> = std::fs::read_dir(port.b.path("var/lib/twinlease-update")).unwrap().collect();
+    assert!(incoming.is_empty(), "the received bundle was kept: {incoming:?}");
+}

@@ -64,8 +64,7 @@ pub(super) fn partner_down(cfg: &Config, confirmed: bool) -> anyhow::Result<Exit
     }
     let mut args = Map::new();
     args.insert("yes-the-partner-is-off".into(), Value::Bool(true));
-    let operator = std::env::var("SUDO_USER").or_else(|_| std::env::var("USER"));
-    if let Ok(name) = operator {
+    if let Some(name) = client::operator() {
         args.insert("operator".into(), Value::String(name));
     }
     let response = client::ask(&cfg.control.control_socket(), &Request::new("partner-down", args))?;

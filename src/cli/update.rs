@@ -174,7 +174,8 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
         UpdateCommand::Pair { bundle, key, config, timeout } if !direct => {
             let bundle = fs::canonicalize(&bundle).with_context(|| bundle.display().to_string())?;
             let mut args = vec!["pair".to_string(), bundle.display().to_string()];
-            args.extend(["--config".into(), fs::canonicalize(&config)?.display().to_string()]);
+            // Made absolute, not canonical: the site's directory is not the admin's to walk.
+            args.extend(["--config".into(), std::path::absolute(&config)?.display().to_string()]);
             args.extend(["--timeout".into(), timeout.to_string()]);
             if let Some(key) = key {
                 args.extend(["--key".into(), fs::canonicalize(&key)?.display().to_string()]);

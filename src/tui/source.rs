@@ -144,8 +144,7 @@ impl Feed for Source {
             Action::MaintenanceCancel => ("maintenance", Map::from_iter([("action".into(), Value::from("cancel"))])),
             Action::PartnerDown => {
                 // The daemon logs who declared it: the person logged in, else the console.
-                let operator = std::env::var("SUDO_USER").or_else(|_| std::env::var("USER"));
-                let operator = operator.unwrap_or_else(|_| "console".to_string());
+                let operator = client::operator().unwrap_or_else(|| "console".to_string());
                 let args = [("yes-the-partner-is-off", Value::Bool(true)), ("operator", Value::from(operator))];
                 ("partner-down", args.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
             }

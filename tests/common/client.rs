@@ -206,3 +206,63 @@ impl RawClient {
         Some(by)
     }
 }
+
+/// One exchange as a client that retransmits every second sees it.
+#[derive(Debug, Clone)]
+pub struct Waited {
+    /// What was asked: "discover", "request" (a new client's) or "renew".
+    pub kind: &'static str,
+    /// When the first transmission left.
+    pub at: Instant,
+    /// From the first transmission to the answer (or to giving up).
+    pub waited: Duration,
+    /// The answer's type and its server's identifier; None if nothing came.
+    pub answer: Option<(MessageType, Ipv4Addr)>,
+}
+
+impl RawClient {
+    /// Sends `bytes` every second until a reply to `xid` of type `want` or a NAK comes, or
+    /// `give_up` passes.
+    pub fn exchange_retrying(
+        &self,
+        kind: &'static str,
+        bytes: &[u8],
+        xid: u32,
+        want: MessageType,
+        give_up: Duration,
+    ) -> (Waited, Option<Message>) {
+        let at = Instant::now();
+        let mut buf = [0u8; 1500];
+        let mut sent = 0;
+        while at.elapsed() < give_up {
+            if at.elapsed() >= Duration::from_secs(sent) {
+                self.send(bytes);
+                sent += 1;
+            }
+            let Ok(n) = self.sock.recv(&mut buf) else { continue };
+            let Ok(m) = Message::decode(&mut Decoder::new(&buf[..n])) else { continue };
+            let kind_of = m.opts().msg_type();
+            if m.xid() != xid || !(kind_of == Some(want) || kind_of == Some(MessageType::Nak)) {
+                continue;
+            }
+            let server = match m.opts().get(dhcproto::v4::OptionCode::ServerIdentifier) {
+                Some(DhcpOption::ServerIdentifier(s)) => *s,
+                _ => Ipv4Addr::UNSPECIFIED,
+            };
+            let w = Waited { kind, at, waited: at.elapsed(), answer: Some((kind_of.unwrap(), server)) };
+            return (w, Some(m));
+        }
+        (Waited { kind, at, waited: at.elapsed(), answer: None }, None)
+    }
+
+    /// A RELEASE of `addr` to `server` (broadcast: the client has no address of its own here).
+    pub fn release(&self, addr: Ipv4Addr, server: Ipv4Addr, xid: u32) {
+        let z = Ipv4Addr::UNSPECIFIED;
+        let mut m = Message::new_with_id(xid, addr, z, z, z, &self.hw);
+        m.opts_mut().insert(DhcpOption::MessageType(MessageType::Release));
+        m.opts_mut().insert(DhcpOption::ServerIdentifier(server));
+        let mut buf = Vec::new();
+        m.encode(&mut Encoder::new(&mut buf)).unwrap();
+        self.send(&buf);
+    }
+}

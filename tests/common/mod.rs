@@ -879,6 +879,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 pub mod arbiter;
 pub mod bundle;
 pub mod client;
+pub mod image_pair;
 pub mod pair;
 pub mod site;
 pub mod vm;

@@ -25,6 +25,12 @@ pub enum ClientError {
     Malformed(String, String),
 }
 
+/// Who is sending an action, for the daemon's log: the person behind `sudo`, else the login
+/// name; None when neither is known.
+pub fn operator() -> Option<String> {
+    std::env::var("SUDO_USER").or_else(|_| std::env::var("USER")).ok()
+}
+
 pub fn ask(socket: &Path, req: &Request) -> Result<Response, ClientError> {
     ask_within(socket, req, DEADLINE)
 }
