@@ -385,6 +385,9 @@ impl Ssh {
             "UserKnownHostsFile=/dev/null",
             "BatchMode=yes",
             "ConnectTimeout=20",
+            // A box that reboots under a session must end it, not leave it hanging.
+            "ServerAliveInterval=5",
+            "ServerAliveCountMax=3",
             "LogLevel=ERROR",
         ] {
             o.extend(["-o".to_string(), opt.to_string()]);

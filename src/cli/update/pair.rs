@@ -266,8 +266,11 @@ pub(super) fn serve_peer(paths: &Paths, config: &Path) -> anyhow::Result<ExitCod
             (PeerReply { exit: 1, view: None, error: Some(format!("{e:#}")) }, false)
         }
     };
-    println!("{}", peer::result_line(&key, &client_nonce, &reply));
-    std::io::stdout().flush()?;
+    // The caller may be gone (the standby that handed a roll here reboots during it): the
+    // roll's last step, this box's reboot, must not depend on the result reaching it.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", peer::result_line(&key, &client_nonce, &reply)).and_then(|()| out.flush());
+    drop(out);
     if reboot {
         say("rebooting into the new slot");
         super::reboot()?;
