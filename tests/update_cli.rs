@@ -358,3 +358,35 @@ fn the_partners_update_port_answers_only_the_partner_with_the_key() {
     let incoming: Vec<_> = std::fs::read_dir(port.b.path("var/lib/twinlease-update")).unwrap().collect();
     assert!(incoming.is_empty(), "the received bundle was kept: {incoming:?}");
 }
+
+#[test]
+fn update_pair_needs_a_partner_and_writes_nothing_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::generate(dir.path(), "k");
+    let port = PeerPort::new(&key);
+    let before = port.b.snapshot();
+    let file = port.b.path("upload.bundle");
+    std::fs::write(&file, bundle::make(&key, dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]))
+        .unwrap();
+    let pair = |config: &Path| {
+        port.ns
+            .cmd(BIN)
+            .args(["update", "--root"])
+            .arg(port.b.dir.path())
+            .arg("pair")
+            .arg(&file)
+            .arg("--config")
+            .arg(config)
+            .output()
+            .unwrap()
+    };
+    // Nobody serves the partner's port (198.18.1.1:6769) in the namespace.
+    let out = pair(&port.config);
+    assert!(!out.status.success() && text(&out).contains("asking the partner's update port"), "{}", text(&out));
+    let single = port.b.path("single.toml");
+    let subnet = "[[subnet]]\ncidr = \"198.18.0.0/24\"\n";
+    std::fs::write(&single, common::config_text(port.b.dir.path(), subnet)).unwrap();
+    let out = pair(&single);
+    assert!(!out.status.success() && text(&out).contains("not in a pair"), "{}", text(&out));
+    assert_eq!(port.b.snapshot(), before);
+}
