@@ -358,7 +358,7 @@ impl ClientLoad {
 
 /// What `twinlease ctl status-get` says on box `host`, as admin.
 fn box_status(ssh: &Ssh, lan: &common::Switch, host: &str) -> Option<serde_json::Value> {
-    let out = ssh.run(&lan.ns, host, &format!("twinlease ctl -c {CONFIG} status-get"));
+    let out = ssh.run(&lan.ns, host, &format!("twinlease ctl -c {CONFIG} status-get --json"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     Some(v["arguments"].clone())
 }

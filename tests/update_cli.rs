@@ -347,6 +347,13 @@ fn the_partners_update_port_answers_only_the_partner_with_the_key() {
     assert!(reply.exit == 1 && reply.error.as_deref().is_some_and(|e| e.contains("signature")), "{reply:?} {said:?}");
     assert_eq!(port.b.snapshot(), before, "a foreign bundle wrote something");
 
+    // A staged bundle that is not staged here.
+    let staged = PeerCommand::InstallStaged { manifest_sha256: "00".repeat(32), reboot: false };
+    let (said, reply) = port.ask(PEER_KEY, staged, &[]);
+    let reply = reply.expect("a result");
+    assert!(reply.exit == 1 && reply.error.as_deref().is_some_and(|e| e.contains("staged")), "{reply:?} {said:?}");
+    assert_eq!(port.b.snapshot(), before, "a missing staged bundle wrote something");
+
     // The partner's good bundle: received, installed into slot b, and not kept.
     let (said, reply) = port.ask(PEER_KEY, install, &good);
     assert_eq!(reply.expect("a result").exit, 0, "{said:?}");

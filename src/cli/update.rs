@@ -184,7 +184,9 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
         }
         UpdateCommand::Pair { bundle, key, config, timeout } => {
             let key = key.unwrap_or_else(|| paths.root.join(DEFAULT_KEY));
-            if pair::roll(&paths, &bundle, &key, &config, Duration::from_secs(timeout))? == pair::Outcome::RebootHere {
+            if pair::roll(&paths, &bundle, &key, &config, Duration::from_secs(timeout), None)?
+                == pair::Outcome::RebootHere
+            {
                 self::reboot()?;
             }
             Ok(ExitCode::SUCCESS)

@@ -38,16 +38,21 @@ pub enum PeerCommand {
     Status,
     /// Install the bundle that follows (and reboot into it if `reboot`).
     Install { bundle_len: u64, reboot: bool },
+    /// Install the bundle this box staged when it handed a roll to the partner, the one whose
+    /// manifest hashes to `manifest_sha256` (hex); nothing follows. The standby's data
+    /// partition then holds one copy of the bundle, not two.
+    InstallStaged { manifest_sha256: String, reboot: bool },
     /// Drive the rolling update of the pair with the bundle that follows (sent to the active
-    /// box when `update pair` was started on the standby).
-    Roll { bundle_len: u64, timeout_secs: u64 },
+    /// box when `update pair` was started on the standby, which has it staged as
+    /// `staged_manifest_sha256`).
+    Roll { bundle_len: u64, timeout_secs: u64, staged_manifest_sha256: String },
 }
 
 impl PeerCommand {
     /// Bytes of bundle that follow the request.
     pub fn bundle_len(&self) -> u64 {
         match self {
-            PeerCommand::Status => 0,
+            PeerCommand::Status | PeerCommand::InstallStaged { .. } => 0,
             PeerCommand::Install { bundle_len, .. } | PeerCommand::Roll { bundle_len, .. } => *bundle_len,
         }
     }

@@ -41,12 +41,15 @@ pub(super) enum Outcome {
 
 // ---- the roll -----------------------------------------------------------------------------
 
+/// Runs the roll from this box. `partner_staged`: the partner already holds the bundle (it
+/// handed the roll here), staged under this manifest digest.
 pub(super) fn roll(
     paths: &Paths,
     bundle: &Path,
     key_path: &Path,
     config: &Path,
     limit: Duration,
+    partner_staged: Option<&str>,
 ) -> anyhow::Result<Outcome> {
     let _lock = lock(paths, "twinlease-roll.lock", "another pair update is running on this box")?;
     let cfg = Config::load(config)?;
@@ -59,7 +62,13 @@ pub(super) fn roll(
         Start::Refuse(why) => bail!("pair update not started: {why}; both boxes are as they were"),
         Start::HandToPartner => {
             say(&format!("this box is the standby: the active partner {} drives the roll", link.addr.ip()));
-            let command = PeerCommand::Roll { bundle_len: fs::metadata(bundle)?.len(), timeout_secs: limit.as_secs() };
+            let digest = manifest_digest(&manifest);
+            let _staged = Staged::record(paths, &digest, bundle)?;
+            let command = PeerCommand::Roll {
+                bundle_len: fs::metadata(bundle)?.len(),
+                timeout_secs: limit.as_secs(),
+                staged_manifest_sha256: digest,
+            };
             let reply = link.call(&command, Some(bundle), limit * 3)?;
             return match reply.exit {
                 0 => Ok(Outcome::Finished),
@@ -71,8 +80,16 @@ pub(super) fn roll(
     let started = Instant::now();
     if update_partner {
         say(&format!("step 1 of 3: the standby partner {} installs {version} and reboots", link.addr.ip()));
-        let reply =
-            link.call(&PeerCommand::Install { bundle_len: manifest.bundle_len(), reboot: true }, Some(bundle), limit)?;
+        let reply = match partner_staged {
+            Some(digest) => {
+                let command = PeerCommand::InstallStaged { manifest_sha256: digest.to_string(), reboot: true };
+                link.call(&command, None, limit)?
+            }
+            None => {
+                let command = PeerCommand::Install { bundle_len: manifest.bundle_len(), reboot: true };
+                link.call(&command, Some(bundle), limit)?
+            }
+        };
         if reply.exit != 0 {
             bail!(
                 "the partner did not install the bundle ({}); both boxes run the version they ran",
@@ -157,6 +174,43 @@ fn step_down(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// SHA-256 (hex) of a bundle's manifest: its identity (the manifest is signed and names every
+/// payload's hash).
+fn manifest_digest(manifest: &twinlease::update::bundle::Manifest) -> String {
+    use sha2::{Digest, Sha256};
+    peer::to_hex(&Sha256::digest(manifest.text.as_bytes()))
+}
+
+/// The bundle a standby keeps for the partner that drives its roll to install (`run/`: gone at
+/// the reboot that install ends with); removed when dropped.
+struct Staged(PathBuf);
+
+const STAGED: &str = "run/twinlease-update-staged";
+
+impl Staged {
+    fn record(paths: &Paths, digest: &str, bundle: &Path) -> anyhow::Result<Staged> {
+        let file = paths.root.join(STAGED);
+        let bundle = fs::canonicalize(bundle)?;
+        fs::write(&file, format!("{digest} {}\n", bundle.display()))?;
+        Ok(Staged(file))
+    }
+
+    /// The staged bundle's path, if its digest is `digest`.
+    fn find(paths: &Paths, digest: &str) -> anyhow::Result<PathBuf> {
+        let text = fs::read_to_string(paths.root.join(STAGED)).unwrap_or_default();
+        match text.trim_end().split_once(' ') {
+            Some((d, path)) if d == digest => Ok(PathBuf::from(path)),
+            _ => bail!("no bundle with manifest {digest} is staged here"),
+        }
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 // ---- the caller's side of the partner's port ----------------------------------------------
 
 struct PartnerLink {
@@ -195,19 +249,13 @@ impl PartnerLink {
         };
         let nonce = random_nonce()?;
         let request = serde_json::to_string(&PeerRequest { nonce: peer::to_hex(&nonce), command: command.clone() })?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
-        write!(out, "{request}\nmac {}\n", peer::request_mac(&self.key, &server_nonce, &request))?;
-        if let Some(path) = bundle {
-            let sent = std::io::copy(&mut File::open(path)?.take(command.bundle_len()), &mut out)?;
-            if sent != command.bundle_len() {
-                bail!("{} changed while it was sent", path.display());
-            }
-        }
-        out.flush()?;
-        drop(out);
+        let sent = self.send(&stream, &request, &server_nonce, command, bundle);
         loop {
             line.clear();
             if lines.read_line(&mut line)? == 0 {
+                // A partner that refuses stops reading the bundle: its lines say why, the
+                // failed write only that it stopped.
+                sent?;
                 bail!("the partner closed the connection without a result");
             }
             let text = line.trim_end();
@@ -217,6 +265,29 @@ impl PartnerLink {
                 None => say(&format!("partner: {}", text.strip_prefix("twinlease-update: ").unwrap_or(text))),
             }
         }
+    }
+}
+
+impl PartnerLink {
+    /// The request, its MAC and the bundle.
+    fn send(
+        &self,
+        stream: &TcpStream,
+        request: &str,
+        server_nonce: &[u8],
+        command: &PeerCommand,
+        bundle: Option<&Path>,
+    ) -> anyhow::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, stream);
+        write!(out, "{request}\nmac {}\n", peer::request_mac(&self.key, server_nonce, request))?;
+        if let Some(path) = bundle {
+            let sent = std::io::copy(&mut File::open(path)?.take(command.bundle_len()), &mut out)?;
+            if sent != command.bundle_len() {
+                bail!("{} changed while it was sent", path.display());
+            }
+        }
+        out.flush()?;
+        Ok(())
     }
 }
 
@@ -295,9 +366,13 @@ fn answer(
             drop(file);
             done.map(|()| (None, reboot))
         }
-        PeerCommand::Roll { bundle_len, timeout_secs } => {
+        PeerCommand::InstallStaged { ref manifest_sha256, reboot } => {
+            install(paths, &Staged::find(paths, manifest_sha256)?, &key_path).map(|()| (None, reboot))
+        }
+        PeerCommand::Roll { bundle_len, timeout_secs, ref staged_manifest_sha256 } => {
             let file = receive(paths, input, bundle_len)?;
-            let outcome = roll(paths, &file.0, &key_path, config, Duration::from_secs(timeout_secs));
+            let limit = Duration::from_secs(timeout_secs);
+            let outcome = roll(paths, &file.0, &key_path, config, limit, Some(staged_manifest_sha256));
             drop(file);
             Ok((None, outcome? == Outcome::RebootHere))
         }
