@@ -262,7 +262,14 @@ impl PartnerLink {
             match text.strip_prefix("result ") {
                 Some(rest) => return Ok(peer::open_result(&self.key, &nonce, rest)?),
                 None if matches!(command, PeerCommand::Status) => {}
-                None => say(&format!("partner: {}", text.strip_prefix("twinlease-update: ").unwrap_or(text))),
+                None => {
+                    let text = text.strip_prefix("twinlease-update: ").unwrap_or(text);
+                    // A roll handed to the partner reports on its partner: this box.
+                    match text.strip_prefix("partner: ") {
+                        Some(about_us) => say(&format!("this box: {about_us}")),
+                        None => say(&format!("partner: {text}")),
+                    }
+                }
             }
         }
     }
