@@ -10,10 +10,12 @@ use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run { .. }) {
+    if !matches!(cli.command, Command::Run { .. } | Command::Update { .. }) {
         // A reporting command piped into `head` ends quietly when the reader goes, like every
         // other Unix tool; Rust ignores SIGPIPE and would panic on the failed write instead.
         // The daemon keeps ignoring it: a closed log socket must not kill the DHCP service.
+        // So do the update commands: an install or a pair roll must finish (or stop where it
+        // is safe to) when the admin's session or the partner that asked goes away.
         // SAFETY: restoring a default signal disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
