@@ -423,10 +423,10 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         let s = slots_of(&ssh, &p.lan, host)?;
         let booted = s["booted"].as_str()?.to_string();
         let slot = s["slots"].as_array()?.iter().find(|x| x["slot"] == booted.as_str())?.clone();
-        (slot["state"] == "good" && slot["version"].as_str().is_some_and(|v| v != old))
-            .then(|| slot["version"].to_string())
+        let version = slot["version"].as_str().filter(|v| *v != old)?.to_string();
+        (slot["state"] == "good").then_some(version)
     };
-    let limit = Duration::from_secs(3600);
+    let limit = Duration::from_secs(1800);
     let versions = wait_for_value("both boxes on the new version, marked good", limit, || {
         let a = settled(hosts[0])?;
         let b = settled(hosts[1])?;
@@ -439,6 +439,10 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         (s["partner"]["in_sync"] == true && s["partner"]["unsynced"] == 0).then_some(())
     });
     let waits = load.stop();
+    // The driving box's steps, from its console.
+    for line in vms[active].console_text().lines().filter(|l| l.contains("twinlease-update:")) {
+        eprintln!("pair roll: box {active}: {}", line.trim());
+    }
     let tables = [lease_table(&ssh, &p.lan, hosts[0]), lease_table(&ssh, &p.lan, hosts[1])];
 
     let longest = waits.iter().max_by_key(|w| w.waited).expect("the clients ran");
