@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 use common::bundle::Key;
 use common::vm::*;
+use common::wait_for_every;
 
 const BOOT_LIMIT: Duration = Duration::from_secs(900);
+/// How often to look at an emulated box over SSH: each login costs it CPU.
+const SSH_EVERY: Duration = Duration::from_secs(2);
 /// The box's LAN address (common::vm::one_box_site) and the test's own on that LAN.
 const BOX: &str = "198.18.0.1";
 const ADMIN_HOST: &str = "198.18.0.250/24";
@@ -68,14 +71,7 @@ impl UpdateBox {
     /// Read through the control socket (the admin group's): the admin may not open the
     /// database beside the daemon (its directory is the service user's).
     fn leases(&self) -> Vec<(String, String, String)> {
-        let response: serde_json::Value =
-            serde_json::from_str(&self.admin_ok(&format!("twinlease ctl -c {CONFIG} lease-list --json"))).unwrap();
-        let rows = response["arguments"]["leases"].as_array().unwrap_or_else(|| panic!("{response}"));
-        let field =
-            |r: &serde_json::Value, k: &str| r[k].as_str().map(str::to_string).unwrap_or_else(|| r[k].to_string());
-        let mut out: Vec<_> = rows.iter().map(|r| (field(r, "address"), field(r, "hw"), field(r, "state"))).collect();
-        out.sort();
-        out
+        lease_table(&self.ssh, &self.net.lan, BOX)
     }
 
     fn lease(&self) -> String {
@@ -393,12 +389,13 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
     }
     let role =
         |host: &str| box_status(&ssh, &p.lan, host).and_then(|s| s["role"]["state"].as_str().map(str::to_string));
-    let active = wait_for_value("an active box with its partner caught up", Duration::from_secs(300), || {
-        let a = hosts.iter().position(|h| role(h).as_deref() == Some("active"))?;
-        let s = box_status(&ssh, &p.lan, hosts[a])?;
-        let partner = &s["partner"];
-        (partner["link_up"] == true && partner["in_sync"] == true && partner["unsynced"] == 0).then_some(a)
-    });
+    let active =
+        wait_for_every("an active box with its partner caught up", Duration::from_secs(300), SSH_EVERY, || {
+            let a = hosts.iter().position(|h| role(h).as_deref() == Some("active"))?;
+            let s = box_status(&ssh, &p.lan, hosts[a])?;
+            let partner = &s["partner"];
+            (partner["link_up"] == true && partner["in_sync"] == true && partner["unsynced"] == 0).then_some(a)
+        });
     let standby = 1 - active;
     let old = ssh.run(&p.lan.ns, hosts[0], "cat /usr/lib/twinlease/release");
     let old = String::from_utf8_lossy(&old.stdout).trim().to_string();
@@ -427,14 +424,14 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         (slot["state"] == "good").then_some(version)
     };
     let limit = Duration::from_secs(1800);
-    let versions = wait_for_value("both boxes on the new version, marked good", limit, || {
+    let versions = wait_for_every("both boxes on the new version, marked good", limit, SSH_EVERY, || {
         let a = settled(hosts[0])?;
         let b = settled(hosts[1])?;
         Some((a, b))
     });
     let rolled = started.elapsed();
     // The tables, once the pair is in sync again.
-    wait_for_value("the pair in sync after the roll", Duration::from_secs(120), || {
+    wait_for_every("the pair in sync after the roll", Duration::from_secs(120), SSH_EVERY, || {
         let s = box_status(&ssh, &p.lan, hosts.iter().find(|h| role(h).as_deref() == Some("active"))?)?;
         (s["partner"]["in_sync"] == true && s["partner"]["unsynced"] == 0).then_some(())
     });
@@ -465,17 +462,4 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
     assert!(longest.waited <= Duration::from_secs(4), "a client waited {longest:?}");
     assert_eq!(tables[0], tables[1], "the boxes' lease tables differ after the roll");
     assert!(tables[0].iter().any(|l| l.1 == "02:52:00:00:00:01"), "the renewing client's lease: {:?}", tables[0]);
-}
-
-/// Asks `f` every 2 s until it gives a value, at most `limit`. Each look is an SSH login on an
-/// emulated box, which costs it CPU: looking more often would slow down what is waited for.
-fn wait_for_value<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "waited {limit:?} for {what}");
-        std::thread::sleep(Duration::from_secs(2));
-    }
 }

@@ -40,14 +40,20 @@ pub fn sh(script: &str) -> Output {
 }
 
 /// Polls `f` until it returns Some, or panics after `limit` naming `what`.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_every(what, limit, Duration::from_millis(20), f)
+}
+
+/// [`wait_for`], looking every `every` (a look that costs the thing waited for, such as an SSH
+/// login on an emulated box, must not come too often).
+pub fn wait_for_every<T>(what: &str, limit: Duration, every: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
             return v;
         }
         assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 
