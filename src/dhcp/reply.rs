@@ -174,7 +174,10 @@ fn header_field(out: &mut Vec<u8>, overloaded: Option<&[u8]>, text: Option<&str>
         (None, Some(t)) => out.extend_from_slice(&t.as_bytes()[..t.len().min(len - 1)]),
         (None, None) => {}
     }
-    out.resize(start + len, 0);
+    // Padded by copying from a block of zeroes rather than with `resize`, which at the shipped
+    // opt-level ("z") stored the zeroes one at a time. Both fields fit in it (SNAME_LEN < FILE_LEN).
+    let pad = start + len - out.len();
+    out.extend_from_slice(&[0u8; encode::FILE_LEN][..pad]);
 }
 
 /// Builds a reply of `kind` to `req`: the fixed BOOTP header, the options the reply always

@@ -36,6 +36,9 @@ const MAGIC: &[u8; 16] = b"SQLite format 3\0";
 #[derive(Debug)]
 pub struct DbFile {
     pub path: PathBuf,
+    /// `<path>-wal`, SQLite's write-ahead log (made once: the writer asks for its size after
+    /// every commit).
+    wal: PathBuf,
     handle: File,
     dev: u64,
     ino: u64,
@@ -50,7 +53,8 @@ impl DbFile {
         let m = handle.metadata()?;
         let mut header = [0u8; 100];
         let has_id = handle.read_exact_at(&mut header, 0).is_ok() && application_id(&header) == APPLICATION_ID;
-        Ok(DbFile { path: path.to_path_buf(), handle, dev: m.dev(), ino: m.ino(), has_id })
+        let wal = PathBuf::from(format!("{}-wal", path.display()));
+        Ok(DbFile { path: path.to_path_buf(), wal, handle, dev: m.dev(), ino: m.ino(), has_id })
     }
 
     /// `Err(what happened)` if the path no longer leads to the opened file, or the file's
@@ -89,13 +93,9 @@ impl DbFile {
         Ok(())
     }
 
-    pub fn wal_path(&self) -> PathBuf {
-        PathBuf::from(format!("{}-wal", self.path.display()))
-    }
-
     /// Bytes of write-ahead log on disk.
     pub fn wal_bytes(&self) -> u64 {
-        std::fs::metadata(self.wal_path()).map_or(0, |m| m.len())
+        std::fs::metadata(&self.wal).map_or(0, |m| m.len())
     }
 
     /// Whether the file system holding the database is short of space.

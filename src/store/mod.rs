@@ -239,8 +239,9 @@ impl LeaseStore {
     /// file system is short of space. Returns whether the log is now empty.
     pub fn trim_wal(&self, idle: bool) -> Result<bool, StoreError> {
         let Some(f) = &self.file else { return Ok(true) };
-        if f.wal_bytes() == 0 || !(idle || f.low_on_space()) {
-            return Ok(f.wal_bytes() == 0);
+        let empty = f.wal_bytes() == 0;
+        if empty || !(idle || f.low_on_space()) {
+            return Ok(empty);
         }
         Ok(file::checkpoint_truncate(&self.conn, BUSY_TIMEOUT)?)
     }
@@ -373,26 +374,35 @@ impl LeaseStore {
         conflicts: &[ConflictRecord],
     ) -> Result<(), StoreError> {
         let tx = &self.conn;
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT(addr) DO NOTHING",
-            )?;
-            let mut update = tx.prepare_cached(
-                "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9, seq = ?10 WHERE addr = ?1 AND version = ?11 AND owner IS ?12",
-            )?;
-            for t in batch {
-                let b = &t.new;
-                let columns = LeaseColumns::of(b);
-                let changed = if t.expect_version == 0 {
-                    columns.execute(&mut insert, &[])?
-                } else {
-                    let expect_owner = t.expect_owner.as_ref().map(ClientKey::as_bytes);
-                    columns.execute(&mut update, &[&(t.expect_version as i64), &expect_owner])?
-                };
-                if changed != 1 {
-                    return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
+        // Statements are taken from the cache only when used: a commit is mostly one new or one
+        // renewed lease, and each cache lookup hashes and compares the statement's text.
+        let mut insert = None;
+        let mut update = None;
+        for t in batch {
+            let b = &t.new;
+            let columns = LeaseColumns::of(b);
+            let changed = if t.expect_version == 0 {
+                if insert.is_none() {
+                    insert = Some(tx.prepare_cached(
+                        "INSERT INTO lease (addr, state, owner, expires, cltt, version, term, hw, hostname, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT(addr) DO NOTHING",
+                    )?);
                 }
+                columns.execute(insert.as_mut().expect("prepared above"), &[])?
+            } else {
+                if update.is_none() {
+                    update = Some(tx.prepare_cached(
+                        "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9, seq = ?10 WHERE addr = ?1 AND version = ?11 AND owner IS ?12",
+                    )?);
+                }
+                let expect_owner = t.expect_owner.as_ref().map(ClientKey::as_bytes);
+                columns
+                    .execute(update.as_mut().expect("prepared above"), &[&(t.expect_version as i64), &expect_owner])?
+            };
+            if changed != 1 {
+                return Err(StoreError::Conflict { addr: b.addr, expected: t.expect_version });
             }
+        }
+        if !marks.is_empty() {
             let mut mark =
                 tx.prepare_cached("UPDATE lease SET peer_synced_version = ?2 WHERE addr = ?1 AND version = ?2")?;
             for (addr, version) in marks {

@@ -161,6 +161,9 @@ impl LeaseStore {
     }
 
     pub(super) fn insert_conflicts(tx: &rusqlite::Connection, list: &[ConflictRecord]) -> Result<(), StoreError> {
+        if list.is_empty() {
+            return Ok(());
+        }
         let mut stmt = tx.prepare_cached(
             "INSERT INTO conflict (at, kind, winner_addr, winner_state, winner_owner, winner_expires, winner_cltt, winner_term, loser_addr, loser_state, loser_owner, loser_expires, loser_cltt, loser_term, addr) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?9)",
         )?;
