@@ -162,6 +162,7 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     assert!(out.1.contains("written and read back"), "{}", out.1);
     assert!(renewed_during_install, "the client's renewal finished only after the install");
     let rebooted = Instant::now();
+    let mark = b.vm.cold_start_after_restart(mark, Duration::from_secs(300));
     let (line, at) = b.vm.wait_console_after(mark, "twinlease-update: slot b (", BOOT_LIMIT);
     assert!(line.contains("on trial"), "{line}");
     let (line, _) = b.vm.wait_console_after(at, "marked good", BOOT_LIMIT);
@@ -196,13 +197,9 @@ fn a_broken_build_is_tried_three_times_then_the_old_slot_boots_and_says_so() {
         let (line, next) = b.vm.wait_console_after(at, &format!("on trial: boot {n} of 3"), BOOT_LIMIT);
         let (why, next) = b.vm.wait_console_after(next, "UNHEALTHY", Duration::from_secs(600));
         eprintln!("rollback: {:.1?}: {line} / {why}", started.elapsed());
-        // The box reboots itself. Under TCG, OVMF came back from the second warm reset of one
-        // QEMU process only after 12 minutes or more (busy, nothing on the console), so the
-        // test powers the machine off and on at each reset instead: boot counting lives in
-        // the entry's name on the ESP, which a cold start reads the same way.
-        let (_, next) = b.vm.wait_console_after(next, "reboot: Restarting system", Duration::from_secs(300));
-        b.vm.power_on_again();
-        at = next;
+        // The box reboots itself; the test powers it off and on at each reset (see
+        // Vm::cold_start_if_restarted): boot counting lives in the entry's name on the ESP.
+        at = b.vm.cold_start_after_restart(next, Duration::from_secs(300));
     }
     let (line, _) = b.vm.wait_console_after(at, "ROLLBACK: slot b", BOOT_LIMIT);
     eprintln!("rollback: install to rolled back: {:.1?} ({line})", started.elapsed());
@@ -409,6 +406,8 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
     let upload = Instant::now();
     ssh.copy(&p.lan.ns, hosts[standby], &bundle_path, "new.bundle");
     eprintln!("pair roll: bundle uploaded to the standby in {:.1?}", upload.elapsed());
+    // Each box restarts itself once; the test turns each restart into a cold start.
+    let mut marks = [vms[0].console_len(), vms[1].console_len()];
     let started = Instant::now();
     let out = ssh.run(&p.lan.ns, hosts[standby], "twinlease update pair new.bundle");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -424,7 +423,11 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         (slot["state"] == "good").then_some(version)
     };
     let limit = Duration::from_secs(1800);
+    let mut restarts = 0;
     let versions = wait_for_every("both boxes on the new version, marked good", limit, SSH_EVERY, || {
+        for (vm, mark) in vms.iter_mut().zip(marks.iter_mut()) {
+            restarts += usize::from(vm.cold_start_if_restarted(mark));
+        }
         let a = settled(hosts[0])?;
         let b = settled(hosts[1])?;
         Some((a, b))
@@ -435,6 +438,7 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         let s = box_status(&ssh, &p.lan, hosts.iter().find(|h| role(h).as_deref() == Some("active"))?)?;
         (s["partner"]["in_sync"] == true && s["partner"]["unsynced"] == 0).then_some(())
     });
+    assert_eq!(restarts, 2, "each box restarts once in the roll");
     let waits = load.stop();
     // The driving box's steps, from its console.
     for line in vms[active].console_text().lines().filter(|l| l.contains("twinlease-update:")) {
