@@ -149,13 +149,9 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
     let paths = Paths { root: root.unwrap_or_else(|| PathBuf::from("/")) };
     match cmd {
         UpdateCommand::Install { bundle, reboot, key } if !direct => {
-            let bundle = fs::canonicalize(&bundle).with_context(|| bundle.display().to_string())?;
-            let mut args = vec!["install".to_string(), bundle.display().to_string()];
+            let mut args = socket_args("install", &bundle, key.as_deref())?;
             if reboot {
                 args.push("--reboot".into());
-            }
-            if let Some(key) = key {
-                args.extend(["--key".into(), fs::canonicalize(&key)?.display().to_string()]);
             }
             through_socket(&args)
         }
@@ -172,14 +168,10 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
             Ok(ExitCode::SUCCESS)
         }
         UpdateCommand::Pair { bundle, key, config, timeout } if !direct => {
-            let bundle = fs::canonicalize(&bundle).with_context(|| bundle.display().to_string())?;
-            let mut args = vec!["pair".to_string(), bundle.display().to_string()];
+            let mut args = socket_args("pair", &bundle, key.as_deref())?;
             // Made absolute, not canonical: the site's directory is not the admin's to walk.
             args.extend(["--config".into(), std::path::absolute(&config)?.display().to_string()]);
             args.extend(["--timeout".into(), timeout.to_string()]);
-            if let Some(key) = key {
-                args.extend(["--key".into(), fs::canonicalize(&key)?.display().to_string()]);
-            }
             through_socket(&args)
         }
         UpdateCommand::Pair { bundle, key, config, timeout } => {
@@ -643,6 +635,17 @@ fn serve(paths: &Paths) -> anyhow::Result<ExitCode> {
     println!("{EXIT_LINE}{code}");
     std::io::stdout().flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `verb BUNDLE [--key KEY]` for the update socket: the root side runs elsewhere, so the paths
+/// go over as full paths.
+fn socket_args(verb: &str, bundle: &Path, key: Option<&Path>) -> anyhow::Result<Vec<String>> {
+    let bundle = fs::canonicalize(bundle).with_context(|| bundle.display().to_string())?;
+    let mut args = vec![verb.to_string(), bundle.display().to_string()];
+    if let Some(key) = key {
+        args.extend(["--key".into(), fs::canonicalize(key)?.display().to_string()]);
+    }
+    Ok(args)
 }
 
 fn through_socket(args: &[String]) -> anyhow::Result<ExitCode> {

@@ -65,7 +65,7 @@ pub(super) fn roll(
             let digest = manifest_digest(&manifest);
             let _staged = Staged::record(paths, &digest, bundle)?;
             let command = PeerCommand::Roll {
-                bundle_len: fs::metadata(bundle)?.len(),
+                bundle_len: manifest.bundle_len(),
                 timeout_secs: limit.as_secs(),
                 staged_manifest_sha256: digest,
             };
