@@ -559,7 +559,7 @@ fn check_health(config: &Path) -> Check {
         Err(e) => return Check::Failed(format!("lease store integrity: {e}")),
     }
     match &status.partner {
-        Some(p) if !(p.link_up && p.in_sync && p.unsynced == 0) => Check::Waiting(format!(
+        Some(p) if !p.caught_up() => Check::Waiting(format!(
             "partner not caught up (link {}, in sync {}, {} bindings unsynced)",
             p.link_up, p.in_sync, p.unsynced
         )),

@@ -160,7 +160,7 @@ fn view_here(paths: &Paths, cfg: &Config) -> anyhow::Result<BoxView> {
         .map(|s| DaemonView {
             role: s.role.state,
             serving: s.role.serving,
-            partner_caught_up: s.partner.is_some_and(|p| p.link_up && p.in_sync && p.unsynced == 0),
+            partner_caught_up: s.partner.is_some_and(|p| p.caught_up()),
         });
     Ok(BoxView { slots: slots_view(paths)?, daemon })
 }

@@ -240,7 +240,7 @@ impl Handlers {
     /// The partner is linked, in sync and holds every binding this box has.
     fn partner_caught_up(&self) -> bool {
         let s = self.sources.status();
-        s.partner.is_some_and(|p| p.link_up && p.in_sync && p.unsynced == 0)
+        s.partner.is_some_and(|p| p.caught_up())
     }
 
     async fn sync_from_partner(&self, caller: Caller) -> Result<Response, Response> {

@@ -120,6 +120,14 @@ pub struct PartnerStatus {
     pub bad_frames: u64,
 }
 
+impl PartnerStatus {
+    /// Linked, in sync and holding every binding: what maintenance, a slot's health check and a
+    /// pair roll wait for before this box may stop serving.
+    pub fn caught_up(&self) -> bool {
+        self.link_up && self.in_sync && self.unsynced == 0
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubnetStatus {
     pub cidr: String,
