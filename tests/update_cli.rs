@@ -5,100 +5,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::BIN;
 use common::bundle::{self, Key};
-
-const SLOT_BYTES: usize = 1 << 20;
-const OPTIONS: &str = "root=PARTLABEL=root-a rootfstype=squashfs ro console=ttyS0,115200 quiet";
-
-struct FakeBox {
-    dir: tempfile::TempDir,
-}
-
-impl FakeBox {
-    fn new() -> FakeBox {
-        let dir = tempfile::Builder::new().prefix("tl-upd-").tempdir().unwrap();
-        let b = FakeBox { dir };
-        for d in ["efi/loader/entries", "efi/slot-a", "dev/disk/by-partlabel", "proc", "run"] {
-            std::fs::create_dir_all(b.path(d)).unwrap();
-        }
-        std::fs::write(
-            b.path("efi/loader/entries/twinlease-1-a.conf"),
-            format!(
-                "title twinlease 1.0 (slot a)\nlinux /slot-a/vmlinuz\ninitrd /slot-a/initrd.img\noptions {OPTIONS}\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(b.path("efi/slot-a/manifest"), "arch x86_64\nversion 1.0\n").unwrap();
-        std::fs::write(b.path("dev/disk/by-partlabel/root-a"), vec![0xaa; SLOT_BYTES]).unwrap();
-        std::fs::write(b.path("dev/disk/by-partlabel/root-b"), vec![0xbb; SLOT_BYTES]).unwrap();
-        b.boot(OPTIONS);
-        b
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    /// The command line the "boot loader" started the kernel with.
-    fn boot(&self, cmdline: &str) {
-        std::fs::write(self.path("proc/cmdline"), format!("{cmdline}\n")).unwrap();
-    }
-
-    fn update(&self, args: &[&str]) -> Output {
-        Command::new(BIN).arg("update").arg("--root").arg(self.dir.path()).args(args).output().unwrap()
-    }
-
-    fn install(&self, bundle: &[u8], key: &Key) -> Output {
-        let file = self.path("upload.bundle");
-        std::fs::write(&file, bundle).unwrap();
-        self.update(&["install", file.to_str().unwrap(), "--key", key.public.to_str().unwrap()])
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let out = self.update(&["status", "--json"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// Every file of the ESP and the inactive slot, by path: what "nothing written" compares.
-    fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        let mut out = BTreeMap::new();
-        snapshot_into(&self.path("efi"), &mut out);
-        out.insert("root-b".into(), std::fs::read(self.path("dev/disk/by-partlabel/root-b")).unwrap());
-        out
-    }
-
-    fn entries(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.path("efi/loader/entries"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// What systemd-boot does before starting an entry with tries left: count one down.
-    fn rename_entry(&self, from: &str, to: &str) {
-        let dir = self.path("efi/loader/entries");
-        std::fs::rename(dir.join(from), dir.join(to)).unwrap();
-    }
-}
-
-fn snapshot_into(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            snapshot_into(&p, out);
-        } else {
-            out.insert(p.clone(), std::fs::read(&p).unwrap());
-        }
-    }
-}
+use common::fake_box::{FakeBox, OPTIONS, SLOT_BYTES};
 
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
@@ -396,4 +308,66 @@ fn update_pair_needs_a_partner_and_writes_nothing_without_one() {
     let out = pair(&single);
     assert!(!out.status.success() && text(&out).contains("not in a pair"), "{}", text(&out));
     assert_eq!(port.b.snapshot(), before);
+}
+
+/// The daemon's control socket passes `update-*` on to the update socket: status on either
+/// socket, an install (with its reboot) only on the control socket, and `twinlease ctl` for
+/// the operator. The update socket is served as on a box, by `twinlease update serve`.
+#[test]
+fn the_control_socket_relays_updates_to_the_update_socket() {
+    use common::fake_box::UpdateSocket;
+    use common::{Lan, Server, config_text};
+    use serde_json::json;
+
+    let b = FakeBox::new();
+    let key = Key::generate(b.dir.path(), "product");
+    let bundle_path = b.path("upload.bundle");
+    std::fs::write(
+        &bundle_path,
+        bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", [ROOT, KERNEL, INITRD]),
+    )
+    .unwrap();
+    let socket = UpdateSocket::serve(&b);
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\nping_check = false\n[[subnet]]\ncidr = \"198.18.0.0/24\"\n\
+         pools = [\"198.18.0.100-198.18.0.150\"]\n[control]\nupdate_socket = \"{}\"\n",
+        lan.bridge,
+        socket.path.display()
+    );
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+
+    let r = srv.ask("update-status", json!({}), false);
+    assert_eq!(r.result, 0, "{}", r.text);
+    assert_eq!(r.text, "slot a: 1.0, good, booted; slot b: no version, no boot entry");
+    assert_eq!(r.arguments.unwrap()["booted"], "a");
+
+    let install = json!({"bundle": bundle_path, "key": key.public, "reboot": true});
+    let r = srv.ask("update-install", install.clone(), false);
+    assert!(r.result != 0 && r.text.contains("control socket"), "the status socket must not install: {}", r.text);
+    let r = srv.ask("update-install", json!({"bundle": "upload.bundle"}), true);
+    assert!(r.result != 0 && r.text.contains("full path"), "{}", r.text);
+    assert_eq!(b.entries(), ["twinlease-1-a.conf"], "nothing is written for a refused request");
+
+    let r = srv.ask("update-install", install, true);
+    assert_eq!(r.result, 0, "{}: {:?}", r.text, r.arguments);
+    let output = r.arguments.unwrap()["output"].to_string();
+    assert!(output.contains("signature, architecture and payloads check out"), "{output}");
+    assert_eq!(r.text, "rebooting into the new slot");
+    assert!(b.path("run/reboot-requested").exists(), "the reboot was asked for");
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-2-b+3.conf"]);
+    let events = srv.ask("status-get", json!({}), false).arguments.unwrap()["events"].to_string();
+    assert!(events.contains("update-install of") && events.contains("done"), "the action is logged: {events}");
+
+    // The operator's way: `twinlease ctl` on the control socket.
+    let out = Command::new(BIN)
+        .args(["ctl", "update-status", "--config"])
+        .arg(&srv.config)
+        .arg("--runtime-dir")
+        .arg(&srv.runtime_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("slot b: 2.0, on trial (3 boots left), boots next"), "{}", text(&out));
 }

@@ -29,14 +29,13 @@ use twinlease::server::control::status::Status;
 use twinlease::update::bundle::{self, Manifest, PublicKey};
 use twinlease::update::roll::SlotsView;
 use twinlease::update::slots::{self, Assessment, Entry, Slot, TRIES};
+use twinlease::update::socket::{self as update_socket, EXIT_LINE, PROGRESS_PREFIX, SOCKET};
 
+/// Under `--root`, where a reboot is recorded instead (`run/` of the directory).
+const REBOOT_MARKER: &str = "reboot-requested";
 /// The key bundles must be signed with (the image puts the public half of `make bundle`'s key
 /// here).
 const DEFAULT_KEY: &str = "usr/share/twinlease/bundle-key.pem";
-/// Where non-root callers reach the root side.
-const SOCKET: &str = "/run/twinlease-update.sock";
-/// The last line the root side sends: the command's exit status.
-const EXIT_LINE: &str = "exit-status ";
 
 #[derive(Subcommand, Clone)]
 pub(crate) enum UpdateCommand {
@@ -163,7 +162,7 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
             install(&paths, &bundle, &key)?;
             if reboot {
                 say("rebooting into the new slot");
-                self::reboot()?;
+                self::reboot(&paths)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -179,7 +178,7 @@ pub(crate) fn dispatch(cmd: UpdateCommand, root: Option<PathBuf>) -> anyhow::Res
             if pair::roll(&paths, &bundle, &key, &config, Duration::from_secs(timeout), None)?
                 == pair::Outcome::RebootHere
             {
-                self::reboot()?;
+                self::reboot(&paths)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -199,14 +198,20 @@ static SERVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// failed write is ignored.
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "twinlease-update: {line}");
+    let _ = writeln!(out, "{PROGRESS_PREFIX}{line}");
     let _ = out.flush();
     if SERVING.load(std::sync::atomic::Ordering::Relaxed) {
-        eprintln!("twinlease-update: {line}");
+        eprintln!("{PROGRESS_PREFIX}{line}");
     }
 }
 
-fn reboot() -> anyhow::Result<()> {
+/// Reboots the box, or, for a box laid out in a directory (`--root`, as the tests run it),
+/// records that it would have: the machine this runs on is not that box.
+fn reboot(paths: &Paths) -> anyhow::Result<()> {
+    if paths.root != Path::new("/") {
+        let marker = paths.root.join("run").join(REBOOT_MARKER);
+        return fs::write(&marker, b"").with_context(|| marker.display().to_string());
+    }
     let status = Command::new("systemctl").arg("reboot").status()?;
     if !status.success() {
         bail!("systemctl reboot: {status}");
@@ -656,8 +661,8 @@ fn through_socket(args: &[String]) -> anyhow::Result<ExitCode> {
     let mut code = 1;
     for line in BufReader::new(stream).lines() {
         let line = line?;
-        match line.strip_prefix(EXIT_LINE) {
-            Some(c) => code = c.trim().parse().unwrap_or(1),
+        match update_socket::exit_status(&line) {
+            Some(c) => code = c,
             None => println!("{line}"),
         }
     }

@@ -85,6 +85,8 @@ pub struct Control {
     pub runtime_dir: PathBuf,
     pub status_group: String,
     pub admin_group: String,
+    /// The firmware image's update socket, where `update-*` control commands are passed on.
+    pub update_socket: PathBuf,
 }
 
 impl Control {

@@ -262,7 +262,20 @@ fn control(src: &Source, c: &wire::ControlSection) -> Result<Control, ConfigErro
         ));
     }
     let runtime_dir = PathBuf::from(dir);
-    Ok(Control { runtime_dir, status_group: c.status_group.clone(), admin_group: c.admin_group.clone() })
+    let update_socket = c.update_socket.get_ref();
+    if !update_socket.starts_with('/') {
+        return Err(src.err(
+            c.update_socket.span(),
+            format!("update_socket {update_socket:?} is not an absolute path"),
+            "use an absolute path such as /run/twinlease-update.sock",
+        ));
+    }
+    Ok(Control {
+        runtime_dir,
+        status_group: c.status_group.clone(),
+        admin_group: c.admin_group.clone(),
+        update_socket: PathBuf::from(update_socket),
+    })
 }
 
 fn metrics_listen(src: &Source, m: &Spanned<wire::MetricsSection>) -> Result<std::net::SocketAddr, ConfigError> {

@@ -56,6 +56,10 @@ pub struct ControlSection {
     /// Group that may use `control.sock` (besides root).
     #[serde(default = "default_admin_group")]
     pub admin_group: String,
+    /// Where the firmware image's update socket is: the control socket's `update-*` commands
+    /// are passed on to it.
+    #[serde(default = "default_update_socket")]
+    pub update_socket: Spanned<String>,
 }
 
 impl Default for ControlSection {
@@ -64,12 +68,17 @@ impl Default for ControlSection {
             runtime_dir: default_runtime_dir(),
             status_group: default_status_group(),
             admin_group: default_admin_group(),
+            update_socket: default_update_socket(),
         }
     }
 }
 
 fn default_runtime_dir() -> Spanned<String> {
     Spanned::new(0..0, DEFAULT_RUNTIME_DIR.to_string())
+}
+
+fn default_update_socket() -> Spanned<String> {
+    Spanned::new(0..0, crate::update::socket::SOCKET.to_string())
 }
 
 fn default_status_group() -> String {

@@ -9,3 +9,4 @@ pub mod bundle;
 pub mod peer;
 pub mod roll;
 pub mod slots;
+pub mod socket;

@@ -885,6 +885,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 pub mod arbiter;
 pub mod bundle;
 pub mod client;
+pub mod fake_box;
 pub mod image_pair;
 pub mod pair;
 pub mod site;

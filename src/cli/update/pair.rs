@@ -263,7 +263,7 @@ impl PartnerLink {
                 Some(rest) => return Ok(peer::open_result(&self.key, &nonce, rest)?),
                 None if matches!(command, PeerCommand::Status) => {}
                 None => {
-                    let text = text.strip_prefix("twinlease-update: ").unwrap_or(text);
+                    let text = text.strip_prefix(twinlease::update::socket::PROGRESS_PREFIX).unwrap_or(text);
                     // A roll handed to the partner reports on its partner: this box.
                     match text.strip_prefix("partner: ") {
                         Some(about_us) => say(&format!("this box: {about_us}")),
@@ -351,7 +351,7 @@ pub(super) fn serve_peer(paths: &Paths, config: &Path) -> anyhow::Result<ExitCod
     drop(out);
     if reboot {
         say("rebooting into the new slot");
-        super::reboot()?;
+        super::reboot(paths)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{Request, Response, VERSION};
+use super::protocol::{Request, Response, SUCCESS, VERSION};
 use super::status::Sources;
+use super::update;
 use crate::config::Config;
 use crate::election::ElectionCommand;
 use crate::events::EventKind;
@@ -20,13 +21,14 @@ use crate::store::{ConflictRecord, LeaseStore, StoredBinding};
 
 /// Commands anyone allowed on the status socket may send.
 pub const READ_ONLY: &[&str] =
-    &["list-commands", "version-get", "status-get", "lease-get", "lease-list", "conflicts-get"];
+    &["list-commands", "version-get", "status-get", "lease-get", "lease-list", "conflicts-get", "update-status"];
 /// Most leases one `lease-list` page carries (about 300 bytes each as JSON).
 pub const MAX_PAGE: usize = 1000;
 /// Unpaged `lease-list` answers being built (see there).
 static WHOLE_TABLE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 /// Commands only the control socket accepts.
-pub const ACTIONS: &[&str] = &["step-down", "maintenance", "sync-from-partner", "reload", "partner-down"];
+pub const ACTIONS: &[&str] =
+    &["step-down", "maintenance", "sync-from-partner", "reload", "partner-down", "update-install", "update-pair"];
 
 /// What `partner-down` risks, said before it acts.
 pub const PARTNER_DOWN_RISK: &str = "partner-down makes this box active without the arbiter's or the partner's vote. \
@@ -61,6 +63,7 @@ impl Handlers {
             "lease-get" => self.lease_get(req).await,
             "lease-list" => self.lease_list(req).await,
             "conflicts-get" => self.conflicts().await,
+            "update-status" => Ok(update::status(&self.sources.cfg.control.update_socket).await),
             action if ACTIONS.contains(&action) && !caller.may_act => Ok(Response::error(format!(
                 "'{action}' changes what the box does: send it on the control socket (root or the admin group)"
             ))),
@@ -69,6 +72,7 @@ impl Handlers {
             "sync-from-partner" => self.sync_from_partner(caller).await,
             "reload" => self.reload(caller).await,
             "partner-down" => self.partner_down(req, caller).await,
+            "update-install" | "update-pair" => Ok(self.update(req, caller).await),
             other => Ok(Response::unsupported(other)),
         };
         result.unwrap_or_else(|r| r)
@@ -304,6 +308,22 @@ impl Handlers {
                 Err(Response::error(why))
             }
         }
+    }
+
+    /// An install or a pair roll, relayed to the update socket; logged before and after, since
+    /// it may take minutes (and a roll reboots this box before it can answer).
+    async fn update(&self, req: &Request, caller: Caller) -> Response {
+        let socket = &self.sources.cfg.control.update_socket;
+        let bundle = req.text("bundle").ok().flatten().unwrap_or("?").to_string();
+        self.record(caller, format!("{} of {bundle} started", req.command));
+        let r = if req.command == "update-pair" {
+            update::pair(socket, &self.sources.cfg.path, req).await
+        } else {
+            update::install(socket, req).await
+        };
+        let outcome = if r.result == SUCCESS { "done" } else { "refused" };
+        self.record(caller, format!("{} of {bundle} {outcome}: {}", req.command, r.text));
+        r
     }
 
     fn record(&self, caller: Caller, what: impl Into<String>) {

@@ -9,6 +9,7 @@ pub mod protocol;
 pub mod status;
 #[cfg(test)]
 mod tests;
+mod update;
 
 pub use commands::{Caller, Handlers};
 pub use listener::{ControlError, ControlSockets};

@@ -208,8 +208,8 @@ async fn actions_need_the_control_socket_and_unknown_commands_are_unsupported() 
     }
     assert_eq!(lab.ask("frobnicate", json!({}), ADMIN).await.result, UNSUPPORTED);
     let listed = |r: super::protocol::Response| r.arguments.unwrap().as_array().unwrap().len();
-    assert_eq!(listed(lab.ask("list-commands", json!({}), READER).await), 6);
-    assert_eq!(listed(lab.ask("list-commands", json!({}), ADMIN).await), 11);
+    assert_eq!(listed(lab.ask("list-commands", json!({}), READER).await), 7);
+    assert_eq!(listed(lab.ask("list-commands", json!({}), ADMIN).await), 14);
     // Without an election or a partner there is nothing to hand over or sync with.
     assert_eq!(lab.ask("step-down", json!({}), ADMIN).await.result, ERROR);
     let r = lab.ask("partner-down", json!({"yes-the-partner-is-off": true}), ADMIN).await;
