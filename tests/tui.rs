@@ -145,6 +145,78 @@ fn the_console_follows_a_failover_and_quits_cleanly() {
     tmux.quit("active");
 }
 
+/// The console's update dialog on a box without a partner: `u`, the bundle, Enter, `y`. The
+/// install goes through the daemon's control socket to the update socket (served as on a box,
+/// by `twinlease update serve` over a box laid out in a directory), writes slot b with its
+/// boot entry and asks for the reboot; the console shows the answer.
+#[test]
+fn the_console_updates_a_box_from_a_bundle() {
+    use common::bundle::{self, Key};
+    use common::fake_box::{FakeBox, UpdateSocket};
+
+    let b = FakeBox::new();
+    let key = Key::generate(b.dir.path(), "product");
+    let box_key = b.path("usr/share/twinlease/bundle-key.pem");
+    std::fs::create_dir_all(box_key.parent().unwrap()).unwrap();
+    std::fs::copy(&key.public, &box_key).unwrap();
+    let bundles = b.path("bundles");
+    std::fs::create_dir(&bundles).unwrap();
+    let payloads: [&[u8]; 3] = [b"root", b"kernel", b"initrd"];
+    let made = bundle::make(&key, b.dir.path(), std::env::consts::ARCH, "2.0", payloads);
+    std::fs::write(bundles.join("twinlease-2.0.bundle"), made).unwrap();
+    let other = Key::generate(b.dir.path(), "other");
+    std::fs::write(
+        bundles.join("forged.bundle"),
+        bundle::make(&other, b.dir.path(), std::env::consts::ARCH, "9.9", payloads),
+    )
+    .unwrap();
+    let socket = UpdateSocket::serve(&b);
+
+    let lan = Lan::new("198.18.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[dhcp]\ninterfaces = [\"{}\"]\n[[subnet]]\ncidr = \"198.18.0.0/24\"\npools = [\"198.18.0.100-198.18.0.150\"]\n\
+         [control]\nupdate_socket = \"{}\"\n",
+        lan.bridge,
+        socket.path.display()
+    );
+    let srv = Server::start(&lan.ns, dir.path(), &config_text(dir.path(), &body));
+    let tmux = Tmux::new();
+    let args = [
+        BIN,
+        "tui",
+        "--config",
+        path(&srv.config),
+        "--runtime-dir",
+        path(&srv.runtime_dir),
+        "--bundles",
+        path(&bundles),
+        "--bundle-key",
+        path(&box_key),
+    ];
+    tmux.run("update", (100, 30), &args);
+    tmux.wait_screen("update", "the dashboard", Duration::from_secs(10), |s| s.contains("u update"));
+    tmux.keys("update", "u");
+    let dialog = tmux.wait_screen("update", "the update dialog", Duration::from_secs(10), |s| s.contains("Bundles in"));
+    assert!(dialog.contains("slot a: 1.0, good, booted"), "{dialog}");
+    assert!(
+        dialog.contains("forged.bundle  bad signature"),
+        "a bundle the box's key did not sign is marked:\n{dialog}"
+    );
+    assert!(dialog.contains("twinlease-2.0.bundle  2.0"), "{dialog}");
+    // The forged bundle sorts first: move to the good one.
+    tmux.keys("update", "Down");
+    tmux.keys("update", "Enter");
+    tmux.wait_screen("update", "the confirmation", Duration::from_secs(5), |s| s.contains("Update this box?"));
+    tmux.keys("update", "y");
+    let done =
+        tmux.wait_screen("update", "the update's answer", Duration::from_secs(60), |s| s.contains("update to 2.0"));
+    assert!(done.contains("update to 2.0: rebooting into the new slot"), "{done}");
+    assert!(b.path("run/reboot-requested").exists(), "the install asked for the reboot");
+    assert_eq!(b.entries(), ["twinlease-1-a.conf", "twinlease-2-b+3.conf"]);
+    tmux.quit("update");
+}
+
 fn path(p: &std::path::Path) -> &str {
     p.to_str().unwrap()
 }

@@ -163,6 +163,12 @@ pub(crate) enum Command {
         /// Show only: no actions, even where the control socket would take them.
         #[arg(long)]
         read_only: bool,
+        /// Where the update dialog (`u`) finds bundles.
+        #[arg(long, value_name = "DIR", default_value = twinlease::tui::BUNDLE_DIR)]
+        bundles: PathBuf,
+        /// The public key (PEM) the dialog checks bundles' manifests with.
+        #[arg(long, value_name = "FILE", default_value = "/usr/share/twinlease/bundle-key.pem")]
+        bundle_key: PathBuf,
     },
     /// Safe updates: a signed bundle into the other root slot, with automatic rollback
     /// (README "Updating").
@@ -226,10 +232,11 @@ pub(crate) async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Status { config, runtime_dir, json, format } => {
             status::status(&with_runtime_dir(&config, runtime_dir)?, json, format)
         }
-        Command::Tui { config, runtime_dir, state_dir, ascii, read_only } => {
+        Command::Tui { config, runtime_dir, state_dir, ascii, read_only, bundles, bundle_key } => {
             let cfg = Config::load(&config)?.with_overrides(Overrides { state_dir, runtime_dir });
             let ascii = ascii || twinlease::tui::ascii_by_default(std::env::var("TERM").ok().as_deref());
-            twinlease::tui::run(&cfg, twinlease::tui::Options { ascii, read_only })?;
+            let bundles = twinlease::tui::source::BundleDir { dir: bundles, key: bundle_key };
+            twinlease::tui::run(&cfg, twinlease::tui::Options { ascii, read_only, bundles })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::PartnerDown { config, runtime_dir, yes_the_partner_is_off } => {

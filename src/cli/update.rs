@@ -33,9 +33,8 @@ use twinlease::update::socket::{self as update_socket, EXIT_LINE, PROGRESS_PREFI
 
 /// Under `--root`, where a reboot is recorded instead (`run/` of the directory).
 const REBOOT_MARKER: &str = "reboot-requested";
-/// The key bundles must be signed with (the image puts the public half of `make bundle`'s key
-/// here).
-const DEFAULT_KEY: &str = "usr/share/twinlease/bundle-key.pem";
+/// The key bundles must be signed with.
+const DEFAULT_KEY: &str = bundle::BOX_KEY;
 
 #[derive(Subcommand, Clone)]
 pub(crate) enum UpdateCommand {

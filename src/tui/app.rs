@@ -3,11 +3,12 @@
 //! out, and its answer comes back through [`App::acted`].
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use super::data::Snapshot;
+use super::data::{BundleRow, Snapshot, UpdateChoices};
 use super::view::conflicts::ConflictsView;
 use super::view::dashboard::DashboardView;
 use super::view::events::EventsView;
@@ -51,6 +52,10 @@ pub enum Action {
     MaintenanceCancel,
     /// The operator has seen that the partner box is off: serve without its vote.
     PartnerDown,
+    /// The bundle chosen in the update dialog into both boxes, one after the other.
+    UpdatePair,
+    /// The bundle chosen in the update dialog into this box (no partner), then a reboot.
+    UpdateBox,
 }
 
 impl Action {
@@ -61,6 +66,8 @@ impl Action {
             Action::MaintenanceStart => "Start maintenance?",
             Action::MaintenanceCancel => "Cancel maintenance?",
             Action::PartnerDown => "Declare the partner down?",
+            Action::UpdatePair => "Update both boxes?",
+            Action::UpdateBox => "Update this box?",
         }
     }
 
@@ -73,6 +80,12 @@ impl Action {
             }
             Action::MaintenanceCancel => "This box may stand in the election again.",
             Action::PartnerDown => PARTNER_DOWN_RISK,
+            Action::UpdatePair => {
+                "The standby installs the bundle and reboots first; once it is back, healthy and caught up, the active box hands over and does the same. DHCP is served throughout; it takes several minutes, and a box that fails to come up healthy stops the roll."
+            }
+            Action::UpdateBox => {
+                "This box installs the bundle and reboots into it: no DHCP from it until it is back (a few minutes). If the new version fails three boots, the old one boots again."
+            }
         }
     }
 
@@ -102,13 +115,41 @@ pub enum Overlay {
     Confirm(Action),
     /// One lease's details and history.
     Lease(Ipv4Addr),
+    /// The update dialog: this box's slots and the bundles to choose from.
+    Update,
 }
 
 /// What the driver must do after a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Quit,
     Act(Action),
+    /// Read the slots and the bundle directory for the update dialog ([`App::show_update`]).
+    OfferUpdate,
+    /// Start an update with this bundle: of both boxes (`pair`) or of this one; its answer
+    /// comes with a later snapshot.
+    Update {
+        bundle: PathBuf,
+        pair: bool,
+    },
+}
+
+/// The update dialog and the update this console started.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateDialog {
+    pub choices: Option<UpdateChoices>,
+    pub selected: usize,
+    /// The update under way: its bundle's file name, version, whether of the pair, and when
+    /// it started (seconds since the epoch).
+    pub running: Option<(String, String, bool, u64)>,
+    /// The last update's answer.
+    pub answer: Option<Result<String, String>>,
+}
+
+impl UpdateDialog {
+    pub fn selected_bundle(&self) -> Option<&BundleRow> {
+        self.choices.as_ref()?.bundles.as_ref().ok()?.get(self.selected)
+    }
 }
 
 /// The whole console.
@@ -124,6 +165,7 @@ pub struct App {
     pub leases: LeasesView,
     pub conflicts: ConflictsView,
     pub events: EventsView,
+    pub update: UpdateDialog,
     /// `Ok`: actions may be sent; `Err`: why not.
     pub control: Result<(), String>,
     /// One line for the operator (an action's answer, why a key did nothing); cleared by the
@@ -143,6 +185,7 @@ impl App {
             leases: LeasesView::new(ascii),
             conflicts: ConflictsView::new(ascii),
             events: EventsView::new(ascii),
+            update: UpdateDialog::default(),
             control: Err("not checked yet".to_string()),
             message: None,
             dirty: true,
@@ -164,6 +207,10 @@ impl App {
             changed |= self.conflicts.apply(conflicts);
         }
         self.control = s.control;
+        if let Some(answer) = s.update_answer {
+            self.update_finished(answer);
+            changed = true;
+        }
         self.dirty |= changed;
     }
 
@@ -189,6 +236,37 @@ impl App {
         self.dirty = true;
     }
 
+    /// Opens the update dialog on what the driver read.
+    pub fn show_update(&mut self, choices: UpdateChoices) {
+        self.update.selected = 0;
+        self.update.choices = Some(choices);
+        self.overlay = Overlay::Update;
+        self.dirty = true;
+    }
+
+    /// The driver started the update the operator confirmed.
+    pub fn update_started(&mut self, pair: bool, now_unix: u64) {
+        if let Some(b) = self.update.selected_bundle() {
+            let version = b.version.clone().unwrap_or_default();
+            self.update.running = Some((b.file.clone(), version, pair, now_unix));
+            self.update.answer = None;
+        }
+        self.dirty = true;
+    }
+
+    fn update_finished(&mut self, answer: Result<String, String>) {
+        let what = match self.update.running.take() {
+            Some((_, version, true, _)) => format!("update of the pair to {version}"),
+            Some((_, version, false, _)) => format!("update to {version}"),
+            None => "update".to_string(),
+        };
+        self.message = Some(match &answer {
+            Ok(text) => format!("{what}: {text}"),
+            Err(text) => format!("{what} refused: {}", text.strip_prefix("refused: ").unwrap_or(text)),
+        });
+        self.update.answer = Some(answer);
+    }
+
     pub fn on_key(&mut self, key: KeyEvent) -> Option<Command> {
         if key.kind != KeyEventKind::Press {
             return None;
@@ -200,6 +278,7 @@ impl App {
         }
         match self.overlay {
             Overlay::Confirm(action) => return self.on_confirm_key(action, key.code),
+            Overlay::Update => return self.on_update_key(key.code),
             Overlay::Help | Overlay::Lease(_) => {
                 if matches!(key.code, KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q' | '?')) {
                     self.overlay = Overlay::None;
@@ -219,7 +298,13 @@ impl App {
         match code {
             code if action.confirmed_by(code) => {
                 self.overlay = Overlay::None;
-                Some(Command::Act(action))
+                match action {
+                    Action::UpdatePair | Action::UpdateBox => {
+                        let bundle = self.update.selected_bundle()?.path.clone();
+                        Some(Command::Update { bundle, pair: action == Action::UpdatePair })
+                    }
+                    _ => Some(Command::Act(action)),
+                }
             }
             KeyCode::Char('n' | 'N' | 'q') | KeyCode::Esc => {
                 self.overlay = Overlay::None;
@@ -232,6 +317,28 @@ impl App {
             }
             _ => None,
         }
+    }
+
+    /// The update dialog: choose a bundle, Enter asks for confirmation.
+    fn on_update_key(&mut self, code: KeyCode) -> Option<Command> {
+        let count = self.update.choices.as_ref().and_then(|c| c.bundles.as_ref().ok()).map_or(0, Vec::len);
+        match code {
+            KeyCode::Esc | KeyCode::Char('q') => self.overlay = Overlay::None,
+            KeyCode::Up | KeyCode::Char('k') => self.update.selected = self.update.selected.saturating_sub(1),
+            KeyCode::Down | KeyCode::Char('j') => {
+                self.update.selected = (self.update.selected + 1).min(count.saturating_sub(1));
+            }
+            KeyCode::Enter => match self.update.selected_bundle().map(|b| b.version.clone()) {
+                None => self.message = Some("no bundle to install".to_string()),
+                Some(Err(why)) => self.message = Some(format!("this bundle cannot be installed: {why}")),
+                Some(Ok(_)) => {
+                    let pair = self.dashboard.status.as_ref().is_ok_and(|s| s.partner.is_some());
+                    self.overlay = Overlay::Confirm(if pair { Action::UpdatePair } else { Action::UpdateBox });
+                }
+            },
+            _ => {}
+        }
+        None
     }
 
     fn on_view_key(&mut self, code: KeyCode) -> Option<Command> {
@@ -259,6 +366,7 @@ impl App {
             }
             KeyCode::Char('s') => self.ask(Action::StepDown),
             KeyCode::Char('D') => self.ask(Action::PartnerDown),
+            KeyCode::Char('u') => return self.offer_update(),
             KeyCode::Char('m') => {
                 let in_maintenance = self.dashboard.status.as_ref().is_ok_and(|s| s.role.maintenance.is_some());
                 self.ask(if in_maintenance { Action::MaintenanceCancel } else { Action::MaintenanceStart });
@@ -285,6 +393,19 @@ impl App {
         }
     }
 
+    /// The update dialog, unless actions are off or an update is already under way.
+    fn offer_update(&mut self) -> Option<Command> {
+        if let Err(why) = self.may_act() {
+            self.message = Some(why);
+            return None;
+        }
+        if let Some((file, _, _, since)) = &self.update.running {
+            self.message = Some(format!("{file} is being installed (since {} UTC)", super::data::utc(*since)));
+            return None;
+        }
+        Some(Command::OfferUpdate)
+    }
+
     /// Whether actions may be offered; if not, why.
     pub fn may_act(&self) -> Result<(), String> {
         if self.read_only {
@@ -303,5 +424,7 @@ fn action_name(action: Action) -> &'static str {
         Action::MaintenanceStart => "maintenance start",
         Action::MaintenanceCancel => "maintenance cancel",
         Action::PartnerDown => "partner-down",
+        Action::UpdatePair => "update of the pair",
+        Action::UpdateBox => "update",
     }
 }

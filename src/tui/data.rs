@@ -3,6 +3,7 @@
 //! ever see these, so every screen can be rendered from a fixed snapshot.
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 
 use crate::server::control::Status;
 
@@ -18,6 +19,29 @@ pub struct Snapshot {
     pub conflicts: Option<Result<Vec<ConflictRow>, String>>,
     /// `Ok`: the control socket takes actions from us; `Err`: why not.
     pub control: Result<(), String>,
+    /// The answer to the update this console started, once it has come (`Err`: refused).
+    pub update_answer: Option<Result<String, String>>,
+}
+
+/// A bundle in the console's bundle directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleRow {
+    pub path: PathBuf,
+    pub file: String,
+    pub bytes: u64,
+    /// The version its signed manifest names, or why it cannot go into this box (bad
+    /// signature, another architecture, not a bundle).
+    pub version: Result<String, String>,
+}
+
+/// What the update dialog offers: this box's slots and the bundles to choose from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateChoices {
+    /// Where bundles are looked for.
+    pub dir: String,
+    /// `update-status`'s summary, or why there is none.
+    pub slots: Result<String, String>,
+    pub bundles: Result<Vec<BundleRow>, String>,
 }
 
 /// One row of the lease table.

@@ -1,20 +1,23 @@
 //! The console's driver side: reads the status socket each refresh, the lease store (read-only)
 //! when its content may have changed, checks whether the control socket takes our actions, and
-//! sends the actions the operator confirmed.
+//! sends the actions the operator confirmed. An update goes to the control socket too
+//! (`update-pair`, `update-install`), from a thread of its own: it takes minutes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
 use super::app::Action;
-use super::data::{ConflictRow, ConflictSide, LeaseRow, Snapshot};
+use super::data::{BundleRow, ConflictRow, ConflictSide, LeaseRow, Snapshot, UpdateChoices};
 use crate::config::Config;
 use crate::lease::{Binding, LeaseState, fmt_hw};
 use crate::server::control::Status;
 use crate::server::control::client::{self, ClientError};
 use crate::server::control::protocol::{Request, SUCCESS};
 use crate::store::{LeaseStore, StoredBinding};
+use crate::update::bundle::{self, PublicKey};
 
 /// How long the console waits for the daemon before it says it does not answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(2);
@@ -22,11 +25,20 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 const TABLES_EVERY: Duration = Duration::from_secs(5);
 /// How long a check of the control socket holds.
 const CONTROL_EVERY: Duration = Duration::from_secs(10);
+/// `update-status` starts a root process on the box: a little longer than a status read.
+const SLOTS_WITHIN: Duration = Duration::from_secs(10);
+/// Longest an update's answer is waited for: a pair roll gives each box 30 minutes to come back.
+const UPDATE_WITHIN: Duration = Duration::from_secs(2 * 3600);
 
 /// What the event loop reads from and acts on (the real box, or a fixed feed in tests).
 pub trait Feed {
     fn poll(&mut self, now: Instant) -> Snapshot;
     fn act(&mut self, action: Action) -> Result<String, String>;
+    /// This box's slots and the bundles the update dialog offers.
+    fn update_choices(&mut self) -> UpdateChoices;
+    /// Starts an update with `bundle` (of both boxes if `pair`); its answer comes with a later
+    /// [`Snapshot::update_answer`].
+    fn start_update(&mut self, bundle: &Path, pair: bool);
 }
 
 /// The running box and its lease store, as the configuration places them.
@@ -37,10 +49,19 @@ pub struct Source {
     read_only: bool,
     tables_read: Option<(Instant, Option<u64>)>,
     control_checked: Option<(Instant, Result<(), String>)>,
+    bundles: BundleDir,
+    update_answer: Option<mpsc::Receiver<Result<String, String>>>,
+}
+
+/// Where the update dialog looks for bundles, and the key their manifests must be signed with.
+#[derive(Debug, Clone)]
+pub struct BundleDir {
+    pub dir: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Source {
-    pub fn new(cfg: &Config, read_only: bool) -> Source {
+    pub fn new(cfg: &Config, read_only: bool, bundles: BundleDir) -> Source {
         Source {
             status_socket: cfg.control.status_socket(),
             control_socket: cfg.control.control_socket(),
@@ -48,6 +69,8 @@ impl Source {
             read_only,
             tables_read: None,
             control_checked: None,
+            bundles,
+            update_answer: None,
         }
     }
 
@@ -134,7 +157,15 @@ impl Feed for Source {
             (None, None)
         };
         let control = self.control(now, status.is_ok());
-        Snapshot { taken_unix: crate::clock::unix_now(), status, leases, conflicts, control }
+        let update_answer = self.update_answer.as_ref().and_then(|rx| match rx.try_recv() {
+            Ok(answer) => Some(answer),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err("the update's thread ended without an answer".into())),
+        });
+        if update_answer.is_some() {
+            self.update_answer = None;
+        }
+        Snapshot { taken_unix: crate::clock::unix_now(), status, leases, conflicts, control, update_answer }
     }
 
     fn act(&mut self, action: Action) -> Result<String, String> {
@@ -148,6 +179,8 @@ impl Feed for Source {
                 let args = [("yes-the-partner-is-off", Value::Bool(true)), ("operator", Value::from(operator))];
                 ("partner-down", args.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
             }
+            // The app asks for these as Command::Update, with the bundle: see start_update.
+            Action::UpdatePair | Action::UpdateBox => return Err("an update needs a bundle".to_string()),
         };
         let r = client::ask_within(&self.control_socket, &Request::new(command, args), ANSWER_WITHIN)
             .map_err(|e| e.to_string())?;
@@ -155,6 +188,67 @@ impl Feed for Source {
         self.tables_read = None;
         if r.result == SUCCESS { Ok(r.text) } else { Err(r.text) }
     }
+
+    fn update_choices(&mut self) -> UpdateChoices {
+        let req = Request::new("update-status", Map::new());
+        let slots = match client::ask_within(&self.control_socket, &req, SLOTS_WITHIN) {
+            Ok(r) if r.result == SUCCESS => Ok(r.text),
+            Ok(r) => Err(r.text),
+            Err(e) => Err(e.to_string()),
+        };
+        UpdateChoices { dir: self.bundles.dir.display().to_string(), slots, bundles: self.bundles.list() }
+    }
+
+    fn start_update(&mut self, bundle: &Path, pair: bool) {
+        let (tx, rx) = mpsc::channel();
+        self.update_answer = Some(rx);
+        let command = if pair { "update-pair" } else { "update-install" };
+        let mut args = Map::from_iter([("bundle".to_string(), Value::from(bundle.display().to_string()))]);
+        if !pair {
+            args.insert("reboot".into(), Value::Bool(true));
+        }
+        let (socket, req) = (self.control_socket.clone(), Request::new(command, args));
+        std::thread::spawn(move || {
+            let answer = match client::ask_within(&socket, &req, UPDATE_WITHIN) {
+                Ok(r) if r.result == SUCCESS => Ok(r.text),
+                Ok(r) => Err(r.text),
+                Err(e) => Err(e.to_string()),
+            };
+            // The console may have quit meanwhile: nobody is left to tell.
+            let _ = tx.send(answer);
+        });
+    }
+}
+
+impl BundleDir {
+    /// Every `*.bundle` in the directory, by name, each with the version its manifest names if
+    /// the box's key signed it and it is for this machine. Only the manifest is read here; the
+    /// install checks every byte again before it writes anything.
+    pub fn list(&self) -> Result<Vec<BundleRow>, String> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let key = std::fs::read_to_string(&self.key)
+            .map_err(|e| format!("cannot read the bundle key {}: {e}", self.key.display()))
+            .and_then(|pem| PublicKey::from_pem(&pem, &self.key.display().to_string()).map_err(|e| e.to_string()));
+        let mut rows: Vec<BundleRow> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "bundle"))
+            .map(|e| {
+                let path = e.path();
+                let version = key.clone().and_then(|key| manifest_version(&path, &key));
+                let bytes = e.metadata().map_or(0, |m| m.len());
+                BundleRow { file: e.file_name().to_string_lossy().into_owned(), path, bytes, version }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.file.cmp(&b.file));
+        Ok(rows)
+    }
+}
+
+fn manifest_version(path: &Path, key: &PublicKey) -> Result<String, String> {
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| e.to_string())?);
+    let manifest = bundle::read_signed_manifest(&mut f, key).map_err(|e| e.to_string())?;
+    bundle::check_arch(&manifest, std::env::consts::ARCH).map_err(|e| e.to_string())?;
+    Ok(manifest.version)
 }
 
 fn lease_row(r: &StoredBinding) -> LeaseRow {

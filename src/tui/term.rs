@@ -70,6 +70,14 @@ pub fn event_loop<B: Backend>(
                     // Show the action's effect at once.
                     next_refresh = Instant::now();
                 }
+                Some(Command::OfferUpdate) => app.show_update(feed.update_choices()),
+                Some(Command::Update { bundle, pair }) => {
+                    // It runs for minutes: the feed carries it out in the background and its
+                    // answer comes with a later snapshot, while the console keeps refreshing.
+                    feed.start_update(&bundle, pair);
+                    app.update_started(pair, crate::clock::unix_now());
+                    next_refresh = Instant::now();
+                }
                 None => {}
             },
             Some(Event::Resize(..)) => {

@@ -21,7 +21,7 @@ use crate::server::control::status::*;
 use crate::server::eligibility::Maintenance;
 
 /// 2026-11-18 06:13:20 UTC: every clock in the fixtures counts from it.
-const NOW: u64 = 1_795_000_000;
+pub(super) const NOW: u64 = 1_795_000_000;
 
 fn subnet(cidr: &str, total: u64, busy: u64) -> SubnetStatus {
     SubnetStatus {
@@ -65,7 +65,7 @@ fn store() -> StoreStatus {
 }
 
 /// box-a, active and serving, its partner linked and in sync.
-fn active() -> Status {
+pub(super) fn active() -> Status {
     Status {
         node: "box-a".to_string(),
         version: "0.1.0".to_string(),
@@ -241,7 +241,7 @@ const DOWN: &str =
 
 /// An app that has seen a minute of refreshes ending in `status` (the reply counter rising
 /// unevenly, so the sparkline has a shape).
-fn app_in(status: Result<Status, String>, ascii: bool) -> App {
+pub(super) fn app_in(status: Result<Status, String>, ascii: bool) -> App {
     let mut app = App::new(ascii, false);
     let start = Instant::now();
     let mut replies = 0;
@@ -261,7 +261,7 @@ fn app_in(status: Result<Status, String>, ascii: bool) -> App {
     app
 }
 
-fn snapshot(status: Result<Status, String>) -> Snapshot {
+pub(super) fn snapshot(status: Result<Status, String>) -> Snapshot {
     let control = if status.is_ok() { Ok(()) } else { Err("the daemon is not running".to_string()) };
     Snapshot {
         taken_unix: NOW,
@@ -269,6 +269,7 @@ fn snapshot(status: Result<Status, String>) -> Snapshot {
         leases: Some(Ok((0..40).map(lease).collect())),
         conflicts: Some(Ok(conflicts())),
         control,
+        update_answer: None,
     }
 }
 
@@ -282,7 +283,7 @@ fn states() -> Vec<(&'static str, Result<Status, String>)> {
     ]
 }
 
-fn render(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
+pub(super) fn render(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
     let mut t = Terminal::new(TestBackend::new(width, height)).unwrap();
     t.draw(|f| f.render_widget(app, f.area())).unwrap();
     t
@@ -340,11 +341,11 @@ fn pool_bars_turn_yellow_at_80_and_red_at_90_percent() {
     assert_eq!(colour_of("198.18.4.0/23"), Color::Green, "12 %");
 }
 
-fn key(c: char) -> KeyEvent {
+pub(super) fn key(c: char) -> KeyEvent {
     KeyEvent::from(KeyCode::Char(c))
 }
 
-fn code(c: KeyCode) -> KeyEvent {
+pub(super) fn code(c: KeyCode) -> KeyEvent {
     KeyEvent::from(c)
 }
 
@@ -508,7 +509,7 @@ fn the_reply_rate_is_the_counter_rise_per_second() {
 }
 
 /// Keys from a list, then the end of input.
-struct Script(VecDeque<char>);
+pub(super) struct Script(pub(super) VecDeque<char>);
 
 impl Input for Script {
     fn next(&mut self, _: Duration) -> std::io::Result<Option<TermEvent>> {
@@ -530,6 +531,14 @@ impl Feed for Fixed {
     fn act(&mut self, action: Action) -> Result<String, String> {
         self.acted.push(action);
         Ok("stepped down".to_string())
+    }
+
+    fn update_choices(&mut self) -> crate::tui::data::UpdateChoices {
+        unreachable!("this script does not press u")
+    }
+
+    fn start_update(&mut self, _: &std::path::Path, _: bool) {
+        unreachable!("this script does not press u")
     }
 }
 
@@ -556,6 +565,7 @@ fn an_unchanged_refresh_draws_nothing() {
         leases: Some(Ok(app.leases.rows.clone())),
         conflicts: None,
         control: Ok(()),
+        update_answer: None,
     };
     app.apply(same(&app), later);
     assert!(!app.take_dirty(), "nothing new: no drawing");

@@ -18,6 +18,9 @@ use std::io::Read;
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
+/// Where a box keeps the public key bundles must be signed with, under its root (the image
+/// puts the public half of `make bundle`'s key here).
+pub const BOX_KEY: &str = "usr/share/twinlease/bundle-key.pem";
 /// The first bytes of every bundle.
 pub const MAGIC: &[u8] = b"TWINLEASE-BUNDLE 1\n";
 /// An Ed25519 signature.

@@ -103,6 +103,7 @@ impl Widget for &App {
             Overlay::Help => popup::help(self, area, buf),
             Overlay::Confirm(action) => popup::confirm(action, self, area, buf),
             Overlay::Lease(address) => popup::lease(address, self, area, buf),
+            Overlay::Update => popup::update(self, area, buf),
         }
     }
 }
@@ -154,13 +155,19 @@ impl App {
         if self.tab == Tab::Leases && self.leases.editing {
             return Paragraph::new("type to filter  Enter keep  Esc clear");
         }
+        if let Some((file, _, pair, since)) = &self.update.running {
+            let what = if *pair { "updating the pair with" } else { "updating this box with" };
+            let line = format!("{what} {file} since {} UTC", crate::tui::data::utc(*since));
+            return Paragraph::new(Line::styled(line, Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD)));
+        }
         if width < WIDE {
             return Paragraph::new(Line::styled("1-4 views  / filter  ? keys  q quit", Style::new().fg(Color::Gray)));
         }
-        let moves = if self.ascii { "j/k" } else { "↑↓ j/k" };
-        let mut keys = format!("1-4/Tab views  {moves}  / filter  ? help  ");
+        // The moves (arrows, j/k, PgUp/PgDn) are in the help: with the actions, all of them
+        // would not fit in 80 columns.
+        let mut keys = "1-4/Tab views  / filter  ? help  ".to_string();
         if self.may_act().is_ok() {
-            keys.push_str("s step-down  m maintenance  ");
+            keys.push_str("s step-down  m maintenance  u update  ");
         } else {
             keys.push_str("(read-only)  ");
         }

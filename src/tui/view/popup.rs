@@ -1,4 +1,5 @@
-//! What opens on top of a view: the key help, an action's confirmation, one lease's details.
+//! What opens on top of a view: the key help, an action's confirmation, one lease's details,
+//! the update dialog.
 
 use std::net::Ipv4Addr;
 
@@ -33,6 +34,7 @@ pub(super) fn help(app: &App, area: Rect, buf: &mut Buffer) {
         "s          step down (hand over to the partner)",
         "m          start or cancel maintenance",
         "D          partner down (only once seen to be off)",
+        "u          update from a bundle (this box or the pair)",
         "q          quit (Ctrl-C too)",
     ]
     .into_iter()
@@ -48,14 +50,52 @@ pub(super) fn help(app: &App, area: Rect, buf: &mut Buffer) {
 
 pub(super) fn confirm(action: Action, app: &App, area: Rect, buf: &mut Buffer) {
     let node = app.dashboard.status.as_ref().map(|s| s.node.clone()).unwrap_or_default();
-    let lines = vec![
-        Line::styled(format!("{} ({node})", action.question()), bold()),
-        Line::raw(""),
-        Line::raw(action.consequence()),
-        Line::raw(""),
-        Line::styled(action.confirm_keys(), warn()),
-    ];
+    let mut lines = vec![Line::styled(format!("{} ({node})", action.question()), bold()), Line::raw("")];
+    if matches!(action, Action::UpdatePair | Action::UpdateBox)
+        && let Some(b) = app.update.selected_bundle()
+    {
+        lines.push(Line::raw(format!("{}: version {}", b.file, b.version.as_deref().unwrap_or("?"))));
+        lines.push(Line::raw(""));
+    }
+    lines.extend([Line::raw(action.consequence()), Line::raw(""), Line::styled(action.confirm_keys(), warn())]);
     show(" Confirm ".to_string(), lines, 50, app, area, buf);
+}
+
+/// The update dialog: this box's slots, then the bundles in the bundle directory (those that
+/// cannot go into this box say why), and the last update's answer.
+pub(super) fn update(app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(c) = &app.update.choices else { return };
+    let mut lines = vec![match &c.slots {
+        Ok(slots) => field("slots", slots.clone()),
+        Err(why) => Line::styled(format!("slots unknown: {why}"), warn()),
+    }];
+    lines.push(Line::raw(""));
+    match &c.bundles {
+        Err(why) => lines.push(Line::styled(format!("no bundles: {why}"), bad())),
+        Ok(rows) if rows.is_empty() => lines.push(Line::styled(format!("no *.bundle in {}", c.dir), warn())),
+        Ok(rows) => {
+            lines.push(Line::styled(format!("Bundles in {}", c.dir), bold()));
+            for (i, b) in rows.iter().enumerate() {
+                let mark = if i == app.update.selected { ">" } else { " " };
+                let mb = b.bytes as f64 / 1e6;
+                let line = match &b.version {
+                    Ok(v) => Line::raw(format!("{mark} {}  {v}, {mb:.1} MB", b.file)),
+                    Err(why) => Line::styled(format!("{mark} {}  {why}", b.file), warn()),
+                };
+                lines.push(if i == app.update.selected { line.patch_style(bold()) } else { line });
+            }
+        }
+    }
+    if let Some(answer) = &app.update.answer {
+        lines.push(Line::raw(""));
+        lines.push(match answer {
+            Ok(text) => Line::raw(format!("last update: {text}")),
+            Err(text) => Line::styled(format!("last update refused: {text}"), bad()),
+        });
+    }
+    lines.push(Line::raw(""));
+    lines.push(Line::styled("Up/Down choose  Enter install  Esc close", warn()));
+    show(" Update ".to_string(), lines, 72, app, area, buf);
 }
 
 fn field(label: &str, value: String) -> Line<'static> {
