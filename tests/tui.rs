@@ -13,76 +13,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::site::*;
+use common::tmux::Tmux;
 use common::*;
 
-/// A tmux server of its own with one session per console; killed on drop.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn new() -> Tmux {
-        Tmux { socket: unique("tltui") }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket, "-f", "/dev/null"]);
-        c
-    }
-
-    /// Runs the console of `site`'s box `i` in session `name`, 100×30.
-    fn console(&self, name: &str, site: &Site, i: usize) {
-        let srv = site.srv(i);
-        let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
-        self.run(name, (100, 30), &args);
-    }
-
-    /// Runs `argv` in session `name` of `size`. When it ends, the pane shows its exit status and
-    /// whether the terminal is back in cooked mode with echo.
-    fn run(&self, name: &str, (w, h): (u16, u16), argv: &[&str]) {
-        let script = r#""$@"; rc=$?; modes=$(stty -a | tr ' ;' '\n\n' | grep -xE -- '-?(icanon|echo)' | tr '\n' ' '); echo "tui exited $rc; tty: $modes"; exec cat"#;
-        let (w, h) = (w.to_string(), h.to_string());
-        let session = ["new-session", "-d", "-s", name, "-x", &w, "-y", &h, "sh", "-c", script, "sh"];
-        run(self.cmd().args(session).args(argv));
-    }
-
-    /// Presses `q` and checks the console ended well and put the terminal back.
-    fn quit(&self, name: &str) {
-        self.keys(name, "q");
-        let after = self.wait_screen(name, "the console to quit", Duration::from_secs(5), |s| s.contains("tui exited"));
-        assert!(after.contains("tui exited 0;"), "{after}");
-        // Raw mode undone (canonical input and echo back) and the alternate screen left.
-        assert!(after.contains("tty: icanon echo"), "terminal not restored:\n{after}");
-        assert!(!after.contains("1 Dashboard"), "the console's screen stayed:\n{after}");
-    }
-
-    fn screen(&self, name: &str) -> String {
-        String::from_utf8_lossy(&run(self.cmd().args(["capture-pane", "-p", "-t", name])).stdout).into_owned()
-    }
-
-    fn keys(&self, name: &str, keys: &str) {
-        run(self.cmd().args(["send-keys", "-t", name, keys]));
-    }
-
-    /// Polls the pane until `want` holds; on timeout shows the screen.
-    fn wait_screen(&self, name: &str, what: &str, limit: Duration, want: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen(name);
-            if want(&screen) {
-                return screen;
-            }
-            assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}; the screen:\n{screen}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd().arg("kill-server").status();
-    }
+/// Runs the console of `site`'s box `i` in session `name`, 100×30.
+fn console(tmux: &Tmux, name: &str, site: &Site, i: usize) {
+    let srv = site.srv(i);
+    let args = [BIN, "tui", "--config", path(&srv.config), "--runtime-dir", path(&srv.runtime_dir)];
+    tmux.run(name, (100, 30), &args);
 }
 
 #[test]
@@ -95,8 +33,8 @@ fn the_console_follows_a_failover_and_quits_cleanly() {
     let b = 1 - a;
     let (name_a, name_b) = (["box-a", "box-b"][a], ["box-a", "box-b"][b]);
     let tmux = Tmux::new();
-    tmux.console("active", &site, a);
-    tmux.console("standby", &site, b);
+    console(&tmux, "active", &site, a);
+    console(&tmux, "standby", &site, b);
 
     tmux.wait_screen("active", "the active's dashboard", Duration::from_secs(10), |s| {
         s.contains(&format!("{name_a}: serving all clients")) && s.contains("role      active")

@@ -401,18 +401,15 @@ fn a_pair_is_updated_box_by_box_with_every_client_answered_within_4_s() {
         vms[0].started.elapsed()
     );
 
-    // Started on the standby: the active partner drives the roll and updates the standby first.
+    // Started from the standby's console: the active partner drives the roll and updates the
+    // standby first.
     let load = ClientLoad::start(&p.lan);
     let upload = Instant::now();
-    ssh.copy(&p.lan.ns, hosts[standby], &bundle_path, "new.bundle");
+    ssh.copy(&p.lan.ns, hosts[standby], &bundle_path, "/var/lib/twinlease-bundles/new.bundle");
     eprintln!("pair roll: bundle uploaded to the standby in {:.1?}", upload.elapsed());
     // Each box restarts itself once; the test turns each restart into a cold start.
     let mut marks = [vms[0].console_len(), vms[1].console_len()];
-    let started = Instant::now();
-    let out = ssh.run(&p.lan.ns, hosts[standby], "twinlease update pair new.bundle");
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    eprintln!("pair roll: the standby's session ended after {:.1?}:\n{}", started.elapsed(), said.trim());
-    assert!(said.contains("drives the roll"), "{said}");
+    let started = roll_from_the_console(&ssh, &p.lan, hosts[standby]);
 
     // Done when both boxes run the new version from a slot marked good.
     let settled = |host: &str| {
@@ -473,4 +470,28 @@ fn assert_clients_answered_within_4_s(waits: &[common::client::Waited], started:
     );
     assert!(unanswered.is_empty() && naks.is_empty(), "unanswered {unanswered:?}, NAKs {naks:?}");
     assert!(longest.waited <= Duration::from_secs(4), "a client waited {longest:?}");
+}
+
+/// `twinlease tui` as admin over SSH on `host`, in tmux: `u`, the uploaded bundle, Enter, `y`.
+/// Returns when the console says the update of the pair is under way (the roll's start).
+fn roll_from_the_console(ssh: &Ssh, lan: &common::Switch, host: &str) -> Instant {
+    let tmux = common::tmux::Tmux::new();
+    let login = format!("admin@{host}");
+    let mut argv = vec!["ip", "netns", "exec", &lan.ns.name, "ssh", "-t"];
+    let options = ssh.options();
+    argv.extend(options.iter().map(String::as_str));
+    argv.extend([login.as_str(), "twinlease", "tui"]);
+    tmux.run("console", (100, 30), &argv);
+    let limit = Duration::from_secs(60);
+    tmux.wait_screen("console", "the standby's console with actions", limit, |s| s.contains("u update"));
+    tmux.keys("console", "u");
+    let dialog = tmux.wait_screen("console", "the update dialog", limit, |s| s.contains("new.bundle"));
+    eprintln!("pair roll: the standby's update dialog:\n{dialog}");
+    tmux.keys("console", "Enter");
+    tmux.wait_screen("console", "the confirmation", limit, |s| s.contains("Update both boxes?"));
+    tmux.keys("console", "y");
+    let started = Instant::now();
+    let running = tmux.wait_screen("console", "the roll under way", limit, |s| s.contains("updating the pair with"));
+    eprintln!("pair roll: started from the standby's console:\n{running}");
+    started
 }
