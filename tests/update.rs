@@ -3,7 +3,9 @@
 //! its admin on SSH from the LAN, bundles from `make bundle` uploaded with scp. The bad bundles
 //! are made on the box from the uploaded good one (a few header bytes replaced, the last byte
 //! cut), so the data partition never holds two 100 MB files. tests/update_cli.rs checks the
-//! same command against a directory in milliseconds.
+//! same command against a directory in milliseconds. The VMs follow the image's architecture
+//! (`Arch`, from its file name): `make test-update-aarch64` runs the first test on the aarch64
+//! image (qemu-system-aarch64, AAVMF).
 
 mod common;
 
@@ -89,6 +91,23 @@ fn release(b: &UpdateBox) -> String {
     b.admin_ok("cat /usr/lib/twinlease/release").trim().to_string()
 }
 
+/// A machine type other than `arch` with a name as long: the bad-bundle cases rewrite the
+/// header in place on the box, so a correctly signed bundle for it must keep the header's length.
+fn another_arch(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "armv7l",
+        Arch::Aarch64 => "riscv64",
+    }
+}
+
+/// The size of payload `name` in `bundle`'s manifest.
+fn payload_size(bundle: &[u8], name: &str) -> u64 {
+    let len = u32::from_be_bytes(bundle[19..23].try_into().unwrap()) as usize;
+    let manifest = String::from_utf8_lossy(&bundle[23..23 + len]).to_string();
+    let line = manifest.lines().find_map(|l| l.strip_prefix(&format!("payload {name} ")));
+    line.and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("no {name} in {manifest}"))
+}
+
 /// `printf` octal escapes for `bytes` (the box's shell writes them with dd).
 fn octal(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("\\{b:03o}")).collect()
@@ -112,8 +131,10 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     eprintln!("update: bundle {} bytes uploaded in {upload:.1?}", good.len());
     let header_len = 23 + u32::from_be_bytes(good[19..23].try_into().unwrap()) as usize + 64;
     let dir = b.dir.path().to_path_buf();
-    let wrong_arch = common::bundle::for_arch(&good, "armv7l", &key, &dir);
-    assert_eq!(wrong_arch.len(), good.len(), "armv7l is as long as x86_64: the header keeps its length");
+    let other = another_arch(Arch::of(&image()));
+    let wrong_arch = common::bundle::for_arch(&good, other, &key, &dir);
+    assert_eq!(wrong_arch.len(), good.len(), "{other}: the header keeps its length");
+    let for_other = format!("the bundle is for {other}");
     let flipped = common::bundle::flip_signature_bit(&good);
     let disk = b.vm.disk();
     let before = (partition_sha256(&disk, "root-b"), partition_sha256(&disk, "esp"));
@@ -126,7 +147,7 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     };
     let cases = [
         ("bad signature", put_header(&flipped), "bad signature", put_header(&good)),
-        ("wrong architecture", put_header(&wrong_arch), "the bundle is for armv7l", put_header(&good)),
+        ("wrong architecture", put_header(&wrong_arch), for_other.as_str(), put_header(&good)),
         (
             "truncated",
             "tail -c 1 new.bundle > last && truncate -s -1 new.bundle".to_string(),
@@ -176,6 +197,19 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     assert!(s["rollback"].is_null(), "{s}");
     assert_eq!(b.leases(), leases, "the lease table changed across the update");
     assert_eq!(b.lease(), ip, "the client's address changed across the update");
+    assert_esp_has_room_for_the_next_install(&b, &good);
+}
+
+/// The next install (back into slot a) writes its kernel and initrd beside slot a's before
+/// renaming them over, so after an update the ESP must still hold another pair of `bundle`'s
+/// (arm64 kernels are uncompressed: the aarch64 image's ESP is the larger for it).
+fn assert_esp_has_room_for_the_next_install(b: &UpdateBox, bundle: &[u8]) {
+    let statfs = b.admin_ok("stat -f -c '%a %S' /efi");
+    let (blocks, block) = statfs.trim().split_once(' ').unwrap();
+    let free = blocks.parse::<u64>().unwrap() * block.parse::<u64>().unwrap();
+    let pair = payload_size(bundle, "kernel") + payload_size(bundle, "initrd");
+    eprintln!("update: ESP free after the update {free} bytes, a kernel and initrd {pair} bytes");
+    assert!(free > pair, "the ESP has {free} bytes free, the next install needs {pair}");
 }
 
 #[test]
