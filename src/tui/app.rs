@@ -139,11 +139,21 @@ pub enum Command {
 pub struct UpdateDialog {
     pub choices: Option<UpdateChoices>,
     pub selected: usize,
-    /// The update under way: its bundle's file name, version, whether of the pair, and when
-    /// it started (seconds since the epoch).
-    pub running: Option<(String, String, bool, u64)>,
+    pub running: Option<RunningUpdate>,
     /// The last update's answer.
     pub answer: Option<Result<String, String>>,
+}
+
+/// The update this console started, until its answer comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningUpdate {
+    /// The bundle's file name.
+    pub file: String,
+    pub version: String,
+    /// Of both boxes (else of this one).
+    pub pair: bool,
+    /// Seconds since the epoch.
+    pub since: u64,
 }
 
 impl UpdateDialog {
@@ -248,7 +258,7 @@ impl App {
     pub fn update_started(&mut self, pair: bool, now_unix: u64) {
         if let Some(b) = self.update.selected_bundle() {
             let version = b.version.clone().unwrap_or_default();
-            self.update.running = Some((b.file.clone(), version, pair, now_unix));
+            self.update.running = Some(RunningUpdate { file: b.file.clone(), version, pair, since: now_unix });
             self.update.answer = None;
         }
         self.dirty = true;
@@ -256,8 +266,8 @@ impl App {
 
     fn update_finished(&mut self, answer: Result<String, String>) {
         let what = match self.update.running.take() {
-            Some((_, version, true, _)) => format!("update of the pair to {version}"),
-            Some((_, version, false, _)) => format!("update to {version}"),
+            Some(RunningUpdate { version, pair: true, .. }) => format!("update of the pair to {version}"),
+            Some(RunningUpdate { version, pair: false, .. }) => format!("update to {version}"),
             None => "update".to_string(),
         };
         self.message = Some(match &answer {
@@ -399,7 +409,7 @@ impl App {
             self.message = Some(why);
             return None;
         }
-        if let Some((file, _, _, since)) = &self.update.running {
+        if let Some(RunningUpdate { file, since, .. }) = &self.update.running {
             self.message = Some(format!("{file} is being installed (since {} UTC)", super::data::utc(*since)));
             return None;
         }

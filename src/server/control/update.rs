@@ -43,19 +43,16 @@ pub(super) async fn status(socket: &Path) -> Response {
 /// `update-install`: "bundle" (a full path on the box), "key" (optional), "reboot" (into the
 /// new slot once it is written; the answer may then not arrive).
 pub(super) async fn install(socket: &Path, req: &Request) -> Response {
-    let args = match bundle_args("install", req) {
-        Ok(mut args) => match req.flag("reboot") {
-            Ok(reboot) => {
-                if reboot {
-                    args.push("--reboot".into());
-                }
-                args
-            }
-            Err(r) => return r,
-        },
-        Err(r) => return r,
-    };
-    finished(relay(socket, &args).await)
+    let args = bundle_args("install", req).and_then(|mut args| {
+        if req.flag("reboot")? {
+            args.push("--reboot".into());
+        }
+        Ok(args)
+    });
+    match args {
+        Ok(args) => finished(relay(socket, &args).await),
+        Err(r) => r,
+    }
 }
 
 /// `update-pair`: "bundle", "key" (optional), "timeout" (seconds each box has to come back;
@@ -63,18 +60,18 @@ pub(super) async fn install(socket: &Path, req: &Request) -> Response {
 /// this daemon syncs with. Both boxes reboot during the roll: the answer comes only if it stops
 /// before this box goes down.
 pub(super) async fn pair(socket: &Path, config: &Path, req: &Request) -> Response {
-    let mut args = match bundle_args("pair", req) {
-        Ok(args) => args,
-        Err(r) => return r,
-    };
-    let config = std::path::absolute(config).unwrap_or_else(|_| config.to_path_buf());
-    args.extend(["--config".into(), config.display().to_string()]);
-    match req.number("timeout") {
-        Ok(Some(secs)) => args.extend(["--timeout".into(), secs.to_string()]),
-        Ok(None) => {}
-        Err(r) => return r,
+    let args = bundle_args("pair", req).and_then(|mut args| {
+        let config = std::path::absolute(config).unwrap_or_else(|_| config.to_path_buf());
+        args.extend(["--config".into(), config.display().to_string()]);
+        if let Some(secs) = req.number("timeout")? {
+            args.extend(["--timeout".into(), secs.to_string()]);
+        }
+        Ok(args)
+    });
+    match args {
+        Ok(args) => finished(relay(socket, &args).await),
+        Err(r) => r,
     }
-    finished(relay(socket, &args).await)
 }
 
 /// `VERB BUNDLE [--key KEY]`, both full paths: the root side does not run where the caller does.

@@ -155,9 +155,9 @@ impl App {
         if self.tab == Tab::Leases && self.leases.editing {
             return Paragraph::new("type to filter  Enter keep  Esc clear");
         }
-        if let Some((file, _, pair, since)) = &self.update.running {
-            let what = if *pair { "updating the pair with" } else { "updating this box with" };
-            let line = format!("{what} {file} since {} UTC", crate::tui::data::utc(*since));
+        if let Some(u) = &self.update.running {
+            let what = if u.pair { "updating the pair with" } else { "updating this box with" };
+            let line = format!("{what} {} since {} UTC", u.file, crate::tui::data::utc(u.since));
             return Paragraph::new(Line::styled(line, Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD)));
         }
         if width < WIDE {
