@@ -14,4 +14,4 @@ for f in "$dist"/twinlease-*; do
     awk -v n="${f##*/}" -v b="$bytes" -v B="$budget" -v t="${t#*: }" \
         'BEGIN { printf "%-22s %12d %9.2f %7.0f%%  %s%s\n", n, b, b / 1048576, 100 * b / B, t, (b > B ? "  OVER BUDGET" : "") }'
 done
-echo "budget: $budget bytes per binary; profile: opt-level z (bundled SQLite 2), fat LTO, codegen-units 1, panic abort, strip"
+echo "budget: $budget bytes per binary; profile: opt-level z (twinlease s; dhcproto, hashbrown 3; bundled SQLite -Os), fat LTO, codegen-units 1, panic abort, strip"
