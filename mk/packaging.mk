@@ -95,7 +95,7 @@ $(DIST)/twinlease-aarch64:
 check-static: $(DIST)/twinlease-x86_64 $(DIST)/twinlease-aarch64
 	@scripts/check-static.sh $(DIST)/twinlease-x86_64 x86-64
 	@scripts/check-static.sh $(DIST)/twinlease-aarch64 aarch64
-	@scripts/size-report.sh $(DIST) | tee $(DIST)/SIZES.txt
+	@scripts/size-report.sh $(DIST)
 
 size-report: check-static
 
@@ -109,7 +109,7 @@ test-cross: packaging-deps $(DIST)/twinlease-aarch64
 # that breaks the static or cross build fails here), file/ldd, sizes, the aarch64 run.
 PACKAGING_TESTS ?= 1
 test-packaging: static cross
-	@scripts/size-report.sh $(DIST) | tee $(DIST)/SIZES.txt
+	@scripts/size-report.sh $(DIST)
 	scripts/test-cross.sh $(DIST)/twinlease-aarch64 $(DIST)/twinlease-x86_64
 
 # ---- install tree ------------------------------------------------------------------------
