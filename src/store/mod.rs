@@ -7,6 +7,7 @@
 //! `leases` command, status displays) open their own read-only connections.
 
 pub mod file;
+mod fold;
 mod schema;
 mod sync;
 #[cfg(test)]
@@ -378,8 +379,8 @@ impl LeaseStore {
         // renewed lease, and each cache lookup hashes and compares the statement's text.
         let mut insert = None;
         let mut update = None;
-        for t in batch {
-            let b = &t.new;
+        for t in fold::fold(batch) {
+            let b = t.new;
             let columns = LeaseColumns::of(b);
             let changed = if t.expect_version == 0 {
                 if insert.is_none() {
@@ -394,7 +395,7 @@ impl LeaseStore {
                         "UPDATE lease SET state = ?2, owner = ?3, expires = ?4, cltt = ?5, version = ?6, term = ?7, hw = ?8, hostname = ?9, seq = ?10 WHERE addr = ?1 AND version = ?11 AND owner IS ?12",
                     )?);
                 }
-                let expect_owner = t.expect_owner.as_ref().map(ClientKey::as_bytes);
+                let expect_owner = t.expect_owner.map(ClientKey::as_bytes);
                 columns
                     .execute(update.as_mut().expect("prepared above"), &[&(t.expect_version as i64), &expect_owner])?
             };

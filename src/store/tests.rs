@@ -126,7 +126,25 @@ macro_rules! battery {
     };
 }
 
+fn a_chain_of_changes_in_one_commit_leaves_the_last(mut s: LeaseStore) {
+    // An offer (insert) and the ACK that expects it, in one group: one write of the last.
+    let mut offer = leased(10, 1, 1, None);
+    offer.new.state = LeaseState::Offered;
+    let ack = leased(10, 1, 2, Some(1));
+    let other = leased(11, 2, 1, None);
+    s.commit(&[&offer, &other, &ack]).unwrap();
+    assert_eq!(s.get(Ipv4Addr::new(198, 18, 0, 10)).unwrap().unwrap().binding, ack.new);
+    // A change that does not expect what the previous one wrote is not folded: it fails, and
+    // the whole batch with it.
+    let renew = leased(10, 1, 3, Some(1));
+    let stale = leased(10, 1, 3, Some(1));
+    let err = s.commit(&[&renew, &stale]).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { expected: 2, .. }), "{err}");
+    assert_eq!(s.get(Ipv4Addr::new(198, 18, 0, 10)).unwrap().unwrap().binding, ack.new);
+}
+
 battery!(
+    a_chain_of_changes_in_one_commit_leaves_the_last,
     roundtrip,
     cas_conflict_rolls_back_the_whole_batch,
     cas_checks_the_owner,
@@ -295,4 +313,55 @@ fn a_rebuild_writes_the_rows_and_identity_to_a_fresh_file_and_keeps_the_old_one(
     drop(fresh);
     let (_, moved) = LeaseStore::rebuild(&path, &rows, identity, 7).unwrap();
     assert_eq!(moved.as_deref(), Some(dir.path().join("leases.db.lost-7.1").as_path()));
+}
+
+mod folding {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A step: which of three rows, whether it expects the row's real (version, owner), the
+    /// version it expects otherwise, and its new owner (none, or one of two clients).
+    type Step = (u8, bool, u64, u8);
+
+    fn transitions(steps: &[Step]) -> Vec<Transition> {
+        let mut rows: std::collections::HashMap<u8, (u64, Option<u8>)> = Default::default();
+        let mut out = Vec::new();
+        for &(row, honest, guess, owner) in steps {
+            let (have, had) = rows.get(&row).copied().unwrap_or((0, None));
+            let expect = if honest { have } else { guess };
+            let mut t = leased(row, 1, expect + 1, if honest { had } else { Some(1) });
+            let owner = (owner > 0).then_some(owner);
+            t.new.owner = owner.map(|c| ClientKey::from_hw(1, &[2, 0, 0, 0, 0, c]));
+            rows.insert(row, (expect + 1, owner));
+            out.push(t);
+        }
+        out
+    }
+
+    proptest! {
+        /// One commit of a batch (folded) leaves exactly what committing its changes one by
+        /// one leaves when every one of them applies, and nothing at all when any one fails.
+        #[test]
+        fn a_folded_batch_equals_its_changes_one_by_one(
+            before in proptest::collection::vec((0u8..3, any::<bool>(), 0u64..3, 0u8..3), 0..6),
+            batch in proptest::collection::vec((0u8..3, prop::bool::weighted(0.8), 0u64..4, 0u8..3), 1..10),
+        ) {
+            let before = transitions(&before);
+            let mut batched = LeaseStore::open_in_memory().unwrap();
+            let mut one_by_one = LeaseStore::open_in_memory().unwrap();
+            for t in &before {
+                let _ = batched.commit(&[t]);
+                let _ = one_by_one.commit(&[t]);
+            }
+            let start = batched.load_all().unwrap();
+            let changes = transitions(&batch);
+            let every_one_applied = changes.iter().all(|t| one_by_one.commit(&[t]).is_ok());
+            let refs: Vec<&Transition> = changes.iter().collect();
+            let result = batched.commit(&refs);
+            prop_assert_eq!(result.is_ok(), every_one_applied);
+            let expected = if every_one_applied { one_by_one.load_all().unwrap() } else { start };
+            prop_assert_eq!(batched.load_all().unwrap(), expected);
+        }
+    }
 }
