@@ -1,5 +1,5 @@
 //! The daemon's driver: takes its claims on the box, opens the store, starts the service
-//! (`service.rs`: store writer, replication, sockets, engine, receive tasks, sd_notify), and
+//! (`service.rs`: store writer, replication, sockets, engine, receive threads, sd_notify), and
 //! shuts it down in order on SIGTERM.
 
 pub mod arp;
@@ -39,6 +39,8 @@ pub enum ServerError {
         "cannot listen for DHCP on {what}: {source} (twinlease needs CAP_NET_BIND_SERVICE and CAP_NET_RAW, or root)"
     )]
     Bind { what: String, source: std::io::Error },
+    #[error("cannot start the thread that reads DHCP socket {index}: {source}")]
+    ReceiveThread { index: usize, source: std::io::Error },
     #[error("interface {0} does not exist; fix [dhcp] interfaces (see `ip link`)")]
     NoInterface(String),
     #[error(transparent)]

@@ -1,7 +1,7 @@
 //! Starting the DHCP service in named steps, and stopping it in order.
 //!
 //! Start: bind the sockets (the one step that needs privileges, so it fails first), start the
-//! store writer, the replication driver, the engine and one receive task per socket, then tell
+//! store writer, the replication driver, the engine and one receive thread per socket, then tell
 //! systemd READY=1. Stop: tell systemd, stop receiving, let the engine finish what it holds,
 //! then let the writer commit what is queued before its thread ends.
 
@@ -93,8 +93,10 @@ pub struct Service {
     writer_thread: ThreadHandle<()>,
     engine: EngineHandle,
     engine_task: JoinHandle<()>,
-    /// Receive tasks and helpers; aborted at stop.
+    /// Helpers; aborted at stop.
     tasks: Vec<JoinHandle<()>>,
+    /// One per DHCP socket; stopped first at stop.
+    receivers: Vec<receive::Receiver>,
     reporter: notify::Reporter,
     /// Closed (and its files removed) when the service is dropped.
     _control: ControlSockets,
@@ -132,9 +134,12 @@ impl Service {
             engine = engine.with_replication(r);
         }
         let engine_task = tokio::spawn(engine.run());
+        let mut receivers = Vec::new();
         for (i, s) in sockets.into_iter().enumerate() {
             let (inbox, stats) = (handle.inbox.clone(), handle.stats.clone());
-            tasks.push(tokio::spawn(receive::receive(s, i, ifaces.clone(), inbox, stats)));
+            let r = receive::spawn(s, i, ifaces.clone(), inbox, stats)
+                .map_err(|source| ServerError::ReceiveThread { index: i, source })?;
+            receivers.push(r);
         }
         tasks.push(tokio::spawn(refresh_interfaces(ifaces)));
         #[cfg(feature = "fault-injection")]
@@ -165,6 +170,7 @@ impl Service {
             engine: handle,
             engine_task,
             tasks,
+            receivers,
             reporter,
             _control: control,
         })
@@ -173,13 +179,14 @@ impl Service {
     /// Stops in order: nothing new comes in, the engine finishes, the writer commits what is
     /// queued (and sends the ACKs waiting on it), then its thread ends.
     pub async fn stop(self) {
-        let Service { writer, writer_thread, engine, engine_task, tasks, reporter, _control } = self;
+        let Service { writer, writer_thread, engine, engine_task, tasks, receivers, reporter, _control } = self;
         drop(_control);
         reporter.stop();
         notify::stopping();
         for t in tasks {
             t.abort();
         }
+        let _ = tokio::task::spawn_blocking(move || receivers.into_iter().for_each(receive::Receiver::stop)).await;
         let stats = engine.stats.clone();
         let _ = engine.stop.send(());
         let _ = engine_task.await;

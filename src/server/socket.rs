@@ -6,10 +6,10 @@ use std::io::{self, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg, setsockopt, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::Interest;
 
 use super::arp;
 use crate::dhcp::{Destination, Reply};
@@ -27,13 +27,15 @@ pub struct Received {
 }
 
 pub struct DhcpSocket {
-    io: tokio::net::UdpSocket,
+    sock: UdpSocket,
     /// The served interface this socket is bound to; `None` for the relay socket.
     pub device: Option<String>,
 }
 
-/// Creates a UDP socket on `port`, bound to `device` if given. Returns the receiving half and a
-/// duplicate for sending from any thread (the store writer sends ACKs after commit).
+/// Creates a UDP socket on `port`, bound to `device` if given. Returns the receiving half (read
+/// by its own thread, `receive.rs`) and a duplicate for sending from any thread (the store
+/// writer sends ACKs after commit). Both stay non-blocking: a full send buffer drops a reply
+/// rather than stall the engine or the writer.
 pub fn bind(device: Option<&str>, port: u16) -> io::Result<(DhcpSocket, UdpSocket)> {
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     s.set_reuse_address(true)?;
@@ -49,10 +51,9 @@ pub fn bind(device: Option<&str>, port: u16) -> io::Result<(DhcpSocket, UdpSocke
     setsockopt(&s, sockopt::Ipv4PacketInfo, &true).map_err(io::Error::from)?;
     s.set_nonblocking(true)?;
     s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
-    let std_sock: UdpSocket = s.into();
-    let sender = std_sock.try_clone()?;
-    let io = tokio::net::UdpSocket::from_std(std_sock)?;
-    Ok((DhcpSocket { io, device: device.map(str::to_string) }, sender))
+    let sock: UdpSocket = s.into();
+    let sender = sock.try_clone()?;
+    Ok((DhcpSocket { sock, device: device.map(str::to_string) }, sender))
 }
 
 impl DhcpSocket {
@@ -68,7 +69,7 @@ impl DhcpSocket {
         // SAFETY: SO_ATTACH_FILTER copies the program out of `fprog`, which outlives the call.
         let rc = unsafe {
             libc::setsockopt(
-                self.io.as_raw_fd(),
+                self.sock.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_ATTACH_FILTER,
                 (&raw const fprog).cast(),
@@ -78,9 +79,23 @@ impl DhcpSocket {
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<Received> {
-        let fd = self.io.as_raw_fd();
-        self.io.async_io(Interest::READABLE, || recv_pktinfo(fd, buf)).await
+    /// Waits up to `timeout` for a datagram; `false` if none came.
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        let mut fds = [libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `fds` is a valid array of one pollfd for the duration of the call.
+        match unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) } {
+            -1 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) }
+            }
+            n => Ok(n > 0),
+        }
+    }
+
+    /// The next queued datagram, or `WouldBlock`.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Received> {
+        recv_pktinfo(self.sock.as_raw_fd(), buf)
     }
 }
 
@@ -102,7 +117,7 @@ fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> io::Result<Received> {
 }
 
 /// At most this many interfaces in one filter (a jump offset is a byte); more are left to the
-/// check in the receive task.
+/// check in the receive thread.
 const MAX_FILTERED_INTERFACES: usize = 200;
 
 /// `ld ifindex; jeq i1 → drop; ...; ret accept; drop: ret 0`.

@@ -139,7 +139,7 @@ async fn status_counts_leases_per_subnet_and_says_why_the_box_serves() {
     assert_eq!(n.utilisation_pct, 18.2);
     assert_eq!((s.role.state.as_str(), s.role.serving, s.role.why.as_deref()), ("active", true, Some("standalone")));
     assert_eq!(s.summary, "serving all clients");
-    assert_eq!(s.dhcp.requests["discover"], 0, "counted by the receive task, which this lab has none of");
+    assert_eq!(s.dhcp.requests["discover"], 0, "counted by the receive thread, which this lab has none of");
     assert_eq!(s.dhcp.replies["ack"], 2);
     assert!(s.store.commits >= 2 && s.store.can_commit);
     assert!(s.election.is_none() && s.partner.is_none());
