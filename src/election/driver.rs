@@ -114,7 +114,7 @@ impl<B: Backend> Election<B> {
         let (timeout_ms, interval_ms) = (claim.timeout_ms, params.interval.as_millis() as u64);
         tracing::info!(uuid = %claim.uuid, utype = %claim.utype, interval_ms, timeout_ms, partner_votes = peer.is_some(), "election started");
         let (mut watching, mut listening) = (true, true);
-        d.machine.set_eligible(*eligible.borrow_and_update());
+        d.machine.set_eligible(clock::boottime(), *eligible.borrow_and_update());
         let result = loop {
             let effects = d.machine.poll(clock::boottime());
             if let Err(e) = d.apply(effects) {
@@ -143,7 +143,7 @@ impl<B: Backend> Election<B> {
                 changed = eligible.changed(), if watching => {
                     // A dropped sender leaves the last value in force.
                     watching = changed.is_ok();
-                    d.machine.set_eligible(*eligible.borrow_and_update())
+                    d.machine.set_eligible(clock::boottime(), *eligible.borrow_and_update())
                 }
                 command = commands.recv(), if listening => match command {
                     Some(ElectionCommand::StepDown { reply }) => {

@@ -240,7 +240,8 @@ pub struct Elector {
     /// Whether this box may hold the role at all; an ineligible box never heartbeats, so it
     /// behaves like a box whose every write is lost, which the model check covers.
     eligible: bool,
-    /// After a step-down: no heartbeat before this instant, so the partner gets the row
+    /// After a step-down (or an active box turned ineligible): no heartbeat before this
+    /// instant, so the partner gets the row
     /// (a box whose row was just released would otherwise claim it straight back).
     hold_off_until: Option<Duration>,
     /// Whether this box sent a heartbeat since it last read a live row of another node: only
@@ -336,15 +337,25 @@ impl Elector {
         self
     }
 
-    /// Whether this box may be active. Turning it off demotes at once and stops every
-    /// heartbeat (the row then expires T after the last one, and the partner takes over);
-    /// turning it back on lets the box stand again at the next read that finds the row free.
-    pub fn set_eligible(&mut self, eligible: bool) -> Vec<Effect> {
-        let mut out = Vec::new();
-        self.eligible = eligible;
-        if !eligible && self.phase != Phase::Halted {
-            self.demote(DemoteReason::Ineligible, &mut out);
+    /// Whether this box may be active. Turning it off stops every heartbeat; an active box
+    /// hands service over as in a step-down (the row released, no claim for T), so the partner
+    /// takes over in about one interval. Turning it back on lets the box stand again at the
+    /// next read that finds the row free (or still its own), once any hold-off has ended.
+    ///
+    /// The hold-off matters because ineligibility can be brief: a store that failed a commit
+    /// on a full disk may pass its small probe write a moment later (the checkpoint gave back
+    /// the log's space) and fail the next real commit again. Without it such a box took its
+    /// still-live row straight back, again and again, and the partner never got it.
+    pub fn set_eligible(&mut self, now: Duration, eligible: bool) -> Vec<Effect> {
+        let was = std::mem::replace(&mut self.eligible, eligible);
+        if eligible || self.phase == Phase::Halted {
+            return Vec::new();
         }
+        if was && matches!(self.phase, Phase::Active { .. }) {
+            return self.hand_over(now, DemoteReason::Ineligible);
+        }
+        let mut out = Vec::new();
+        self.demote(DemoteReason::Ineligible, &mut out);
         out
     }
 
@@ -356,11 +367,16 @@ impl Elector {
     /// and sends no heartbeat for T, so the partner (which reads the row every I) takes it in
     /// about one interval.
     pub fn step_down(&mut self, now: Duration) -> Vec<Effect> {
-        let mut out = Vec::new();
         if self.phase == Phase::Halted {
-            return out;
+            return Vec::new();
         }
-        self.demote(DemoteReason::SteppedDown, &mut out);
+        self.hand_over(now, DemoteReason::SteppedDown)
+    }
+
+    /// Demotes for `why`, releases the row and holds off for T (see [`Elector::step_down`]).
+    fn hand_over(&mut self, now: Duration, why: DemoteReason) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.demote(why, &mut out);
         self.hold_off_until = Some(now + self.params.timeout);
         // A call in flight is abandoned: whatever it does, this box is no longer active.
         self.inflight = None;

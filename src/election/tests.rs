@@ -316,7 +316,11 @@ fn answers_to_unknown_calls_are_ignored() {
 #[test]
 fn an_ineligible_box_steps_down_at_once_and_never_heartbeats() {
     let mut m = active();
-    assert_eq!(arbiter_side(m.set_eligible(false)), vec![Effect::Demoted(DemoteReason::Ineligible)]);
+    let fx = arbiter_side(m.set_eligible(ms(50), false));
+    assert_eq!(fx[0], Effect::Demoted(DemoteReason::Ineligible));
+    // It hands the row over as a step-down does, so the partner need not wait for it to expire.
+    let id = one_send(&fx, Call::Release);
+    assert!(m.on_reply(ms(60), id, Reply::Released(true)).is_empty());
     assert_eq!(m.active_term(ms(100)), None);
     // Only reads from now on, whatever the arbiter says: its own live row is not renewed, a free
     // row is not claimed, and a heartbeat answer still in flight does not promote.
@@ -333,26 +337,48 @@ fn an_ineligible_box_steps_down_at_once_and_never_heartbeats() {
 fn a_heartbeat_answered_after_stepping_down_does_not_promote() {
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
-    m.set_eligible(false);
+    m.set_eligible(ms(1001), false);
     assert!(m.on_reply(ms(1010), id, Reply::Beat(Beat::Applied { ts_us: 2, term: 1 })).is_empty());
     assert_eq!(m.active_term(ms(1020)), None);
     // A failed one does not turn into a claim either.
     let mut m = active();
     let id = one_send(&m.poll(ms(1000)), Call::Heartbeat);
-    m.set_eligible(false);
+    m.set_eligible(ms(1001), false);
     m.on_reply(ms(1010), id, Reply::Failed("gone".into()));
-    one_send(&m.poll(ms(2000)), Call::Read);
+    // (After the release it sent instead, unanswered until its deadline.)
+    one_send(&m.poll(ms(2500)), Call::Read);
 }
 
 #[test]
-fn an_eligible_box_again_stands_at_the_next_free_read() {
+fn an_eligible_box_again_stands_at_the_next_free_read_after_t() {
     let mut m = active();
-    m.set_eligible(false);
-    assert!(m.set_eligible(true).is_empty(), "becoming eligible changes no role by itself");
+    let id = one_send(&m.set_eligible(ms(100), false), Call::Release);
+    m.on_reply(ms(110), id, Reply::Released(true));
+    assert!(m.set_eligible(ms(200), true).is_empty(), "becoming eligible changes no role by itself");
+    // Within T of standing down the free row is left to the partner.
     let id = one_send(&m.poll(ms(1000)), Call::Read);
-    let id = one_send(&m.on_reply(ms(1010), id, Reply::Read(None)), Call::Heartbeat);
-    let fx = m.on_reply(ms(1020), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 }));
-    assert_eq!(fx, vec![Effect::Active { term: 2, until: ms(1010) + T - I, renewed: false }]);
+    assert!(m.on_reply(ms(1010), id, Reply::Read(None)).is_empty());
+    let id = one_send(&m.poll(ms(6000)), Call::Read);
+    let id = one_send(&m.on_reply(ms(6010), id, Reply::Read(None)), Call::Heartbeat);
+    let fx = m.on_reply(ms(6020), id, Reply::Beat(Beat::Applied { ts_us: 3, term: 2 }));
+    assert_eq!(fx, vec![Effect::Active { term: 2, until: ms(6010) + T - I, renewed: false }]);
+}
+
+#[test]
+fn a_box_eligible_again_at_once_does_not_take_back_its_live_row() {
+    // A full disk: the commit fails, the box stands down; the probe passes a moment later. Its
+    // release did not reach the arbiter, so the row still names it and is alive: it is left
+    // to the partner, not renewed (which had kept the partner out for as long as it flapped).
+    let mut m = active();
+    let id = one_send(&m.set_eligible(ms(100), false), Call::Release);
+    m.on_reply(ms(110), id, Reply::Failed("unreachable".into()));
+    m.set_eligible(ms(600), true);
+    let id = one_send(&m.poll(ms(1000)), Call::Read);
+    assert_eq!(sent(&m.on_reply(ms(1010), id, Reply::Read(Some(row(me(), true))))), None);
+    assert_eq!(m.active_term(ms(1020)), None);
+    // A standby turned ineligible holds no row and releases nothing.
+    let mut m = Elector::new(params(), me(), UTYPE, ms(0));
+    assert!(m.set_eligible(ms(10), false).is_empty());
 }
 
 #[test]

@@ -29,6 +29,9 @@ pub const AUTOCHECKPOINT_PAGES: u32 = 1000;
 pub const JOURNAL_SIZE_LIMIT: i64 = 1 << 20;
 /// Below this much free space the writer checkpoints and truncates after every commit.
 pub const LOW_SPACE_BYTES: u64 = 4 << 20;
+/// A store that failed for want of space counts as able to commit again only with this much
+/// free: a group commit of many leases writes dozens of pages to the log.
+pub const PROBE_HEADROOM_BYTES: u64 = 256 << 10;
 
 const MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -100,7 +103,12 @@ impl DbFile {
 
     /// Whether the file system holding the database is short of space.
     pub fn low_on_space(&self) -> bool {
-        free_bytes(self.path.parent().unwrap_or(Path::new("."))).is_some_and(|free| free < LOW_SPACE_BYTES)
+        self.free_bytes().is_some_and(|free| free < LOW_SPACE_BYTES)
+    }
+
+    /// Bytes still free for the database's writer on its file system.
+    pub fn free_bytes(&self) -> Option<u64> {
+        free_bytes(self.path.parent().unwrap_or(Path::new(".")))
     }
 }
 

@@ -252,13 +252,20 @@ impl LeaseStore {
         self.file.as_ref().map_or(0, file::DbFile::wal_bytes)
     }
 
-    /// A small write that proves the store can commit again (after a full disk, say).
+    /// A small write that proves the store can commit again (after a full disk, say), and
+    /// room for more than that write: a failed commit's checkpoint gives the log's space back,
+    /// where one page fits but the next lease's commit (several pages) may not.
     pub fn probe(&mut self, now_unix: u64) -> Result<(), StoreError> {
         self.conn.execute(
             "INSERT INTO meta (key, value) VALUES ('probe', ?1) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             [now_unix as i64],
         )?;
-        Ok(())
+        match &self.file {
+            Some(f) if f.free_bytes().is_some_and(|free| free < file::PROBE_HEADROOM_BYTES) => {
+                Err(StoreError::DiskFull)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The path of the database file (None in memory).

@@ -626,14 +626,25 @@ pub fn events(file: &Path) -> Vec<ClientEvent> {
 
 /// Waits until `file` has an event whose reason is in `reasons` beyond the first `skip` events.
 pub fn wait_event(file: &Path, reasons: &[&str], skip: usize, limit: Duration) -> ClientEvent {
+    wait_event_or(file, reasons, skip, limit, String::new)
+}
+
+/// [`wait_event`], adding `context()` (the servers' logs, say) to the message if it times out.
+pub fn wait_event_or(
+    file: &Path,
+    reasons: &[&str],
+    skip: usize,
+    limit: Duration,
+    context: impl Fn() -> String,
+) -> ClientEvent {
     let log = file.with_extension("log");
     let what = || {
         format!(
             "client event {reasons:?} in {}\nevents so far:\n{}\nclient log:\n{}",
             file.display(),
             std::fs::read_to_string(file).unwrap_or_default(),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
+            std::fs::read_to_string(&log).unwrap_or_default(),
+        ) + &context()
     };
     let start = Instant::now();
     loop {
