@@ -323,21 +323,6 @@ impl LeaseStore {
         stmt.query_row([u32::from(addr)], row_to_binding).optional()?.transpose()
     }
 
-    /// Bindings the partner has not confirmed (version differs from the synced one), in address
-    /// order after `after`, at most `limit` (the sync layer pages through them).
-    pub fn unsynced(&self, after: Option<Ipv4Addr>, limit: usize) -> Result<Vec<StoredBinding>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM lease WHERE peer_synced_version != version AND addr > ?1 ORDER BY addr LIMIT ?2"
-        ))?;
-        let after = after.map_or(-1, |a| i64::from(u32::from(a)));
-        let rows = stmt.query_map(params![after, limit as i64], row_to_binding)?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.push(r??);
-        }
-        Ok(out)
-    }
-
     /// Applies a batch of transitions in one transaction, all or nothing.
     pub fn commit(&mut self, batch: &[&Transition]) -> Result<(), StoreError> {
         self.commit_with(batch, &[], &[])

@@ -49,20 +49,30 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub(super) const CURRENT: i64 = MIGRATIONS.len() as i64;
 
+/// Structures the numbered steps made that this build no longer keeps. Dropping them is a
+/// change every earlier build can still read, so it carries no new version number: a box whose
+/// updated slot is rolled back boots the older build, which refuses a store from a newer schema
+/// but opens this one.
+///
+/// `lease_unsynced`: lease sync keeps the unsynced set in memory and never read the index, yet
+/// every change of a row's version moved the row's entry in it — a second page written to the
+/// log with every lease (about a tenth of a lease's CPU at 4,000 leases/s).
+const DROPPED: &str = "DROP INDEX IF EXISTS lease_unsynced;";
+
 /// Brings `conn` up to [`CURRENT`]. Refuses a database from a newer build rather than guess.
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<(), i64>> {
     let have: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if have > CURRENT {
         return Ok(Err(have));
     }
-    if have == CURRENT {
-        return Ok(Ok(()));
-    }
     let tx = conn.transaction()?;
     for step in &MIGRATIONS[have as usize..] {
         tx.execute_batch(step)?;
     }
-    tx.pragma_update(None, "user_version", CURRENT)?;
+    tx.execute_batch(DROPPED)?;
+    if have < CURRENT {
+        tx.pragma_update(None, "user_version", CURRENT)?;
+    }
     tx.commit()?;
     Ok(Ok(()))
 }
