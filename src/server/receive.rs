@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::{EngineStats, Inbox, Input};
 use super::interfaces::Interfaces;
-use super::socket::{DhcpSocket, Received};
+use super::socket::{DhcpSocket, RECV_BATCH, Received, RecvBatch};
 use crate::dhcp::{self, Ingress};
 
 /// Under load the thread gathers: once datagrams come closer together than this, it reads
@@ -16,14 +16,16 @@ use crate::dhcp::{self, Ingress};
 /// instead of waking (and waking the engine) for every datagram. On a shared core each wake-up
 /// is two context switches, and they were the largest share of the server's CPU at 4,000
 /// leases/s (README, "What the boxes run"); a request waits at most this much longer, which no
-/// DHCP client notices. A lone request at low load is read at once.
+/// DHCP client notices. A lone request at low load is read at once. 2 ms rather than 1: with
+/// the writer's 4 ms window the shipped binary spent about a fifth less CPU per lease at 4,000
+/// leases/s, for about 2.5 ms more latency (5.5 ms from REQUEST to ACK).
 ///
 /// This is a thread of its own, not a task on the engine's runtime: the runtime's poller is
 /// woken by every datagram that arrives on a registered socket, even while the task sleeps.
-const GATHER_WINDOW: Duration = Duration::from_millis(1);
+const GATHER_WINDOW: Duration = Duration::from_millis(2);
 
-/// At most this many datagrams in one go (the engine's lanes hold [`super::engine::INBOX`]
-/// each).
+/// At most this many datagrams in one round, read [`RECV_BATCH`] at a time (the engine's lanes
+/// hold [`super::engine::INBOX`] each).
 const MAX_ROUND: usize = 256;
 
 /// How often an idle thread looks whether it should stop.
@@ -80,7 +82,7 @@ struct Reader {
 
 impl Reader {
     fn run(mut self, stop: &AtomicBool) {
-        let mut buf = vec![0u8; 4096];
+        let mut batch = RecvBatch::default();
         if self.sock.device.is_none() {
             filter_served(&self.sock, &self.ifaces, &mut self.filtered);
         }
@@ -96,7 +98,7 @@ impl Reader {
                 }
             }
             let round = Instant::now();
-            let read = self.read_queued(&mut buf);
+            let read = self.read_queued(&mut batch);
             let gather = gathering(read, round, last_round);
             last_round = Some(round);
             if gather {
@@ -106,15 +108,21 @@ impl Reader {
     }
 
     /// Reads and queues what is waiting (at most [`MAX_ROUND`]); returns how many were read.
-    fn read_queued(&mut self, buf: &mut [u8]) -> usize {
+    fn read_queued(&mut self, batch: &mut RecvBatch) -> usize {
         let mut read = 0;
         while read < MAX_ROUND {
-            match self.sock.try_recv(buf) {
-                Ok(r) => {
-                    read += 1;
-                    self.accept(&buf[..r.len], r);
+            match self.sock.recv_batch(batch) {
+                Ok(n) => {
+                    for i in 0..n {
+                        let (bytes, r) = batch.datagram(i);
+                        self.accept(bytes, r);
+                    }
+                    read += n;
+                    // A short batch took everything that was queued.
+                    if n < RECV_BATCH {
+                        break;
+                    }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "receive failed");
                     std::thread::sleep(Duration::from_millis(10));
