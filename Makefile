@@ -5,6 +5,9 @@
 
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
+# Where built artifacts go. Set here, before mk/*.mk are read in name order: a rule's
+# prerequisites are expanded as the file is read, and mk/bench.mk comes before mk/packaging.mk.
+DIST := dist
 
 .PHONY: all build deps test test-unit demo bench clean
 

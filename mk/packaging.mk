@@ -14,7 +14,6 @@
 
 X86_TARGET    := x86_64-unknown-linux-musl
 ARM_TARGET    := aarch64-unknown-linux-musl
-DIST          := dist
 TARGET_DIR    ?= $(or $(CARGO_TARGET_DIR),target)
 TOOLS         := $(CURDIR)/.tools
 VENV          := $(TOOLS)/venv

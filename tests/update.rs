@@ -125,6 +125,7 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     let old = release(&b);
     let s = b.status();
     assert_eq!((s["booted"].as_str(), s["slots"][0]["state"].as_str()), (Some("a"), Some("good")), "{s}");
+    let site_folder = esp_folder_sha256(&b.vm.disk(), "twinlease");
 
     let upload = b.upload(&bundle_path, "new.bundle");
     let good = std::fs::read(&bundle_path).unwrap();
@@ -197,6 +198,7 @@ fn bad_bundles_are_refused_then_a_newer_one_boots_marked_good_with_the_leases_ke
     assert!(s["rollback"].is_null(), "{s}");
     assert_eq!(b.leases(), leases, "the lease table changed across the update");
     assert_eq!(b.lease(), ip, "the client's address changed across the update");
+    assert_eq!(esp_folder_sha256(&disk, "twinlease"), site_folder, "the update wrote the site folder");
     assert_esp_has_room_for_the_next_install(&b, &good);
 }
 
@@ -220,6 +222,7 @@ fn a_broken_build_is_tried_three_times_then_the_old_slot_boots_and_says_so() {
     let ip = b.lease();
     let leases = b.leases();
     let site = b.admin_ok(&format!("sha256sum {CONFIG}"));
+    let site_folder = esp_folder_sha256(&b.vm.disk(), "twinlease");
     let old = release(&b);
     b.upload(&broken, "broken.bundle");
     let mark = b.vm.console_len();
@@ -249,6 +252,7 @@ fn a_broken_build_is_tried_three_times_then_the_old_slot_boots_and_says_so() {
     let human = b.admin_ok("twinlease update status");
     assert!(human.contains("ROLLBACK: slot b"), "{human}");
     assert_eq!(b.admin_ok(&format!("sha256sum {CONFIG}")), site);
+    assert_eq!(esp_folder_sha256(&b.vm.disk(), "twinlease"), site_folder, "the site folder changed");
     assert_eq!(b.leases(), leases, "the lease table changed across the failed update");
     assert_eq!(b.lease(), ip);
 }

@@ -121,6 +121,19 @@ pub fn partition_sha256(disk: &Path, name: &str) -> String {
     String::from_utf8(sh(&script).stdout).unwrap().split_whitespace().next().unwrap().to_string()
 }
 
+/// One SHA-256 over the names and contents of every file under `folder` on the disk's ESP: the
+/// site folder (configuration, keys, network files), which no update may write.
+pub fn esp_folder_sha256(disk: &Path, folder: &str) -> String {
+    let esp = format!("{}@@{}", disk.display(), partition_offset(disk, "esp"));
+    let to = tempfile::tempdir().unwrap();
+    run(Command::new("mcopy")
+        .env("MTOOLS_SKIP_CHECK", "1")
+        .args(["-s", "-i", &esp, &format!("::{folder}")])
+        .arg(to.path()));
+    let script = format!("cd {} && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum", to.path().display());
+    String::from_utf8(sh(&script).stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
 /// Copies `file` from the disk's ESP into `dir`; returns the copy's path.
 pub fn esp_file(disk: &Path, file: &str, dir: &Path) -> PathBuf {
     let esp = format!("{}@@{}", disk.display(), partition_offset(disk, "esp"));
