@@ -117,28 +117,33 @@ pub fn partition_sha256(disk: &Path, name: &str) -> String {
     let parts = table["partitiontable"]["partitions"].as_array().unwrap();
     let part = parts.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no partition {name}"));
     let (start, size) = (part["start"].as_u64().unwrap() * sector, part["size"].as_u64().unwrap() * sector);
-    let script = format!("tail -c +{} {} | head -c {size} | sha256sum", start + 1, disk.display());
-    String::from_utf8(sh(&script).stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    sha256_of(&format!("tail -c +{} {} | head -c {size} | sha256sum", start + 1, disk.display()))
+}
+
+/// The digest a shell pipeline ending in `sha256sum` prints.
+fn sha256_of(script: &str) -> String {
+    String::from_utf8(sh(script).stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// Copies `from` on the disk's ESP to `to` with mcopy (`flags`: `-s` for a folder, `-o` to
+/// overwrite a file).
+fn copy_from_esp(disk: &Path, flags: &str, from: &str, to: &Path) {
+    let esp = format!("{}@@{}", disk.display(), partition_offset(disk, "esp"));
+    run(Command::new("mcopy").env("MTOOLS_SKIP_CHECK", "1").args([flags, "-i", &esp, &format!("::{from}")]).arg(to));
 }
 
 /// One SHA-256 over the names and contents of every file under `folder` on the disk's ESP: the
 /// site folder (configuration, keys, network files), which no update may write.
 pub fn esp_folder_sha256(disk: &Path, folder: &str) -> String {
-    let esp = format!("{}@@{}", disk.display(), partition_offset(disk, "esp"));
     let to = tempfile::tempdir().unwrap();
-    run(Command::new("mcopy")
-        .env("MTOOLS_SKIP_CHECK", "1")
-        .args(["-s", "-i", &esp, &format!("::{folder}")])
-        .arg(to.path()));
-    let script = format!("cd {} && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum", to.path().display());
-    String::from_utf8(sh(&script).stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    copy_from_esp(disk, "-s", folder, to.path());
+    sha256_of(&format!("cd {} && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum", to.path().display()))
 }
 
 /// Copies `file` from the disk's ESP into `dir`; returns the copy's path.
 pub fn esp_file(disk: &Path, file: &str, dir: &Path) -> PathBuf {
-    let esp = format!("{}@@{}", disk.display(), partition_offset(disk, "esp"));
     let to = dir.join(Path::new(file).file_name().unwrap());
-    run(Command::new("mcopy").env("MTOOLS_SKIP_CHECK", "1").args(["-o", "-i", &esp, &format!("::{file}")]).arg(&to));
+    copy_from_esp(disk, "-o", file, &to);
     to
 }
 
