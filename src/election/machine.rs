@@ -347,11 +347,12 @@ impl Elector {
     /// the log's space) and fail the next real commit again. Without it such a box took its
     /// still-live row straight back, again and again, and the partner never got it.
     pub fn set_eligible(&mut self, now: Duration, eligible: bool) -> Vec<Effect> {
-        let was = std::mem::replace(&mut self.eligible, eligible);
+        self.eligible = eligible;
         if eligible || self.phase == Phase::Halted {
             return Vec::new();
         }
-        if was && matches!(self.phase, Phase::Active { .. }) {
+        // Only an eligible box can have become active, so this is the turn to ineligible.
+        if matches!(self.phase, Phase::Active { .. }) {
             return self.hand_over(now, DemoteReason::Ineligible);
         }
         let mut out = Vec::new();
